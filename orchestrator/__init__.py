@@ -1,0 +1,1 @@
+"""orchestrator package (see module docstrings)."""
