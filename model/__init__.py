@@ -1,1 +1,14 @@
-"""model package (see module docstrings)."""
+"""model: the study's attention variants as one pure-PyTorch, single-device GPT.
+
+Attention is projection -> QK transform -> scoring kernel, so a variant swaps one middle
+stage and keeps the fused SDPA path: `standard` (identity + SDPA), `coupled` (coupled QK
+dynamics, Euler or leapfrog), `uncoupled_mlp` (q-only MLP control), `differential`
+(Differential Attention) and `coupled_differential` (both). Every module reports its
+parameters and `num_flops_per_token(seq_len)`; the model sums them, and `model.info`
+cross-checks the sum against torch's FlopCounterMode. No distributed code lives here.
+"""
+from model.config import VARIANTS, ModelConfig
+from model.gpt import GPT, ModelCounts, count_model
+from model.presets import PRESETS, build_config
+
+__all__ = ["GPT", "ModelConfig", "ModelCounts", "PRESETS", "VARIANTS", "build_config", "count_model"]

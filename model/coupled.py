@@ -1,0 +1,158 @@
+"""QK transforms: the stage between the Q/K projection and the scoring kernel.
+
+Every transform maps (q, k), each shaped [B, T, H, head_dim], to new (q, k) of the same
+shape, acting on each token and head independently, so causality and the fused SDPA path
+are untouched. Variants (arXiv 2604.01683):
+
+* `IdentityQK` (standard, differential): no change.
+* `CoupledQK`: evolve (q, k) jointly for `n_steps` steps of size dt with a coupling MLP f.
+    Euler (simultaneous):   q' = q + dt * k ;  k' = k + dt * f(q)
+    Leapfrog (Stormer-Verlet):
+        k_half = k + dt/2 * f(q) ;  q' = q + dt * k_half ;  k' = k_half + dt/2 * f(q')
+  Leapfrog is volume preserving and exactly invertible for any f; Euler is neither.
+  Chained leapfrog steps reuse the last evaluation f(q') as the first half-kick of the
+  next step, so n steps cost n + 1 evaluations of f (Euler: n evaluations).
+* `UncoupledQK` (the paper's "uncoupled MLP" control): q' = q + dt * f(q), k unchanged,
+  for n_steps steps (n evaluations of f), with the same f as `CoupledQK`.
+
+dt parametrisation: one unconstrained learned scalar per head (shape [H, 1], broadcast
+over tokens and head_dim), initialised to `dt_init` (default 0.1). It is not forced
+positive: a negative dt is the time-reversed flow, which keeps leapfrog invertible, and
+dt = 0 recovers standard attention exactly.
+
+f is head_dim -> hidden -> head_dim with SiLU (`CouplingMLP`), one per layer shared by all
+heads (default, +0.11% parameters at 60M as in the paper) or one per head. Shared f runs
+all heads and tokens through one matmul on a [B*T*H, head_dim] view; per-head f is one
+batched matmul over heads. There are no Python loops over heads; the only loop is over
+integration steps, which are sequential by definition.
+
+FLOPs (forward, per token, per layer): each evaluation of f costs
+2 * (head_dim * hidden + hidden * head_dim) per head (matmuls only, as everywhere in this
+package; the integrator's axpy updates, biases and SiLU are elementwise and not counted).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CouplingMLP(nn.Module):
+    """f: head_dim -> hidden -> head_dim with SiLU, shared per layer (groups=1) or per head.
+
+    Input/output [B, T, H, head_dim]. Weights are stored in nn.Linear layout
+    ([groups, out, in]) and initialised like nn.Linear (uniform, bound 1/sqrt(fan_in)), so
+    f(q) has the same scale as q regardless of the backbone's small init.
+    """
+
+    def __init__(self, head_dim: int, hidden: int, n_head: int, sharing: str):
+        super().__init__()
+        if sharing not in ("layer", "head"):
+            raise ValueError(f"coupling_sharing must be 'layer' or 'head', got {sharing!r}")
+        groups = 1 if sharing == "layer" else n_head
+        self.head_dim, self.hidden, self.n_head = head_dim, hidden, n_head
+        self.w1 = nn.Parameter(torch.empty(groups, hidden, head_dim))
+        self.b1 = nn.Parameter(torch.empty(groups, hidden))
+        self.w2 = nn.Parameter(torch.empty(groups, head_dim, hidden))
+        self.b2 = nn.Parameter(torch.empty(groups, head_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w, b, fan_in in ((self.w1, self.b1, self.head_dim), (self.w2, self.b2, self.hidden)):
+            bound = 1.0 / math.sqrt(fan_in)
+            nn.init.uniform_(w, -bound, bound)
+            nn.init.uniform_(b, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w1.shape[0] == 1:  # shared: one GEMM over every (token, head) row
+            return F.linear(F.silu(F.linear(x, self.w1[0], self.b1[0])), self.w2[0], self.b2[0])
+        B, T, H, D = x.shape  # per head: one batched GEMM with heads as the batch
+        xh = x.permute(2, 0, 1, 3).reshape(H, B * T, D)
+        h = F.silu(torch.baddbmm(self.b1.unsqueeze(1), xh, self.w1.transpose(1, 2)))
+        y = torch.baddbmm(self.b2.unsqueeze(1), h, self.w2.transpose(1, 2))
+        return y.view(H, B, T, D).permute(1, 2, 0, 3)
+
+    def num_flops_per_token(self) -> int:
+        """Forward FLOPs of one evaluation of f for all heads of one token (matmuls only)."""
+        return self.n_head * 2 * (2 * self.head_dim * self.hidden)
+
+
+class IdentityQK(nn.Module):
+    """No QK transform (standard and differential attention)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+    def num_flops_per_token(self) -> int:
+        return 0
+
+
+class _DynamicsQK(nn.Module):
+    """Shared state of the learned-dynamics transforms: f, per-head dt, step count."""
+
+    def __init__(self, n_head: int, head_dim: int, hidden: int, sharing: str,
+                 n_steps: int, dt_init: float):
+        super().__init__()
+        if not 1 <= n_steps <= 7:
+            raise ValueError(f"n_steps must be in 1..7, got {n_steps}")
+        self.n_steps = n_steps
+        self.dt_init = dt_init
+        self.f = CouplingMLP(head_dim, hidden, n_head, sharing)
+        self.dt = nn.Parameter(torch.full((n_head, 1), float(dt_init)))
+
+    def reset_parameters(self) -> None:
+        self.f.reset_parameters()
+        with torch.no_grad():
+            self.dt.fill_(self.dt_init)
+
+    def n_evaluations(self) -> int:
+        return self.n_steps
+
+    def num_flops_per_token(self) -> int:
+        return self.n_evaluations() * self.f.num_flops_per_token()
+
+
+class CoupledQK(_DynamicsQK):
+    """Coupled QK dynamics (Euler or leapfrog), see the module docstring.
+
+    forward(q, k): q, k [B, T, H, head_dim] -> (q', k') of the same shape.
+    """
+
+    def __init__(self, n_head: int, head_dim: int, hidden: int, sharing: str,
+                 n_steps: int, dt_init: float, integrator: str):
+        super().__init__(n_head, head_dim, hidden, sharing, n_steps, dt_init)
+        if integrator not in ("euler", "leapfrog"):
+            raise ValueError(f"integrator must be 'euler' or 'leapfrog', got {integrator!r}")
+        self.integrator = integrator
+
+    def n_evaluations(self) -> int:
+        return self.n_steps + 1 if self.integrator == "leapfrog" else self.n_steps
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dt = self.dt
+        if self.integrator == "euler":
+            for _ in range(self.n_steps):
+                q, k = torch.addcmul(q, dt, k), torch.addcmul(k, dt, self.f(q))
+            return q, k
+        half = 0.5 * dt
+        fq = self.f(q)
+        for _ in range(self.n_steps):
+            k_half = torch.addcmul(k, half, fq)
+            q = torch.addcmul(q, dt, k_half)
+            fq = self.f(q)  # reused as the next step's first half-kick
+            k = torch.addcmul(k_half, half, fq)
+        return q, k
+
+
+class UncoupledQK(_DynamicsQK):
+    """Uncoupled MLP control: q' = q + dt * f(q) for n_steps steps, k unchanged.
+
+    forward(q, k): q, k [B, T, H, head_dim] -> (q', k).
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for _ in range(self.n_steps):
+            q = torch.addcmul(q, self.dt, self.f(q))
+        return q, k
