@@ -1,0 +1,322 @@
+"""build_report: MLflow -> figures, tables, markdown, HTML and a JSON summary, atomically.
+
+The whole output folder is built in a temporary sibling folder and swapped in at the end,
+so a reader never sees half a report. The same files are then logged as artifacts of a run
+tagged qkstudy.kind=report in the study's experiment (query.py skips such runs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.report import curves as C
+from orchestrator.report import plots, render
+from orchestrator.report.errors import ReportError
+from orchestrator.report.paper import paper_ppl
+from orchestrator.report.query import KIND_TAG, StudyData, query_study
+from orchestrator.report.ratio import token_ratio
+from orchestrator.report.scaling import scaling_analysis
+
+DIAGNOSTICS = ("attn/effective_rank", "attn/entropy", "attn/spectral_gap")
+RUN_KEY = ["variant", "scale", "seed", "extend"]
+
+
+def build_report(
+    study: str,
+    tracking_uri: str,
+    out_dir: str | os.PathLike,
+    *,
+    reference: str = "standard",
+    target: str = "coupled",
+    log_to_mlflow: bool = True,
+    expected: Iterable[dict] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict:
+    """Write the study's report into out_dir and return its JSON-able summary.
+
+    expected: optional planned runs (dicts with variant, scale, seed, extend) to list missing
+        runs against; by default the grid is inferred from the runs present (every variant x
+        scale x seed at x1, the reference's extend levels at every scale and seed).
+    target: the variant whose ratio is the per-scale headline `token_ratio` (falls back to the
+        first non-reference variant when the study has no `target`).
+    The summary's "scales" list holds per scale: scale, n_params (non-embedding N), final_ppl
+    {variant: seed mean}, token_ratio (value, bound if censored, or None), censored, ...
+    Raises ReportError when the experiment is missing, has no training runs, or has no run of
+    the reference variant.
+    """
+    data = query_study(study, tracking_uri)
+    summary, tables, figures_fn = analyse(data, reference=reference, target=target, expected=expected, n_boot=n_boot, seed=seed)
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    client = run_id = None
+    if log_to_mlflow:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        run = client.create_run(data.experiment_id, run_name=f"report-{study}", tags={KIND_TAG: "report", "study": study})
+        run_id = run.info.run_id
+        summary["mlflow_report_run"] = run_id
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        summary["figures"] = [p.name for p in figures_fn(tmp)]
+        for name, df in tables.items():
+            df.to_csv(tmp / f"{name}.csv", index=False)
+        summary["tables"] = [f"{n}.csv" for n in tables]
+        summary = _jsonable(summary)
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+        (tmp / "report.md").write_text(render.markdown(summary, tables))
+        (tmp / "report.html").write_text(render.html(summary, tables, tmp))
+        _swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if client is not None:
+            client.set_terminated(run_id, status="FAILED")
+        raise
+    if client is not None:
+        client.log_artifacts(run_id, str(out))
+        client.set_terminated(run_id, status="FINISHED")
+    return summary
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Replace out with tmp: rename the old folder aside first (rename cannot replace a full dir)."""
+    os.chmod(tmp, 0o755)
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_boot: int = 1000, seed: int = 0):
+    """All numbers of the report. Returns (summary dict, {name: table}, figures(dir) -> [paths])."""
+    runs, metrics = data.runs, data.metrics
+    if reference not in set(runs["variant"].dropna()):
+        raise ReportError(
+            f"study {data.study!r}: reference variant {reference!r} has no runs; variants: {sorted(runs['variant'].dropna().unique())}"
+        )
+    rng = np.random.default_rng(seed)
+    finals = C.run_finals(runs, metrics)
+    ppl_curves = C.curve_stats(runs, metrics, C.PPL)
+    diag = {k: C.curve_stats(runs, metrics, k) for k in DIAGNOSTICS if (metrics["key"] == k).any()}
+    scales = list(finals.groupby("scale")["n_params"].median().sort_values(kind="stable").index)
+    others = sorted(v for v in runs["variant"].dropna().unique() if v != reference)
+    variants = [reference, *others]
+    target = target if target in others else (others[0] if others else None)
+    cmap = plots.colors(variants)
+
+    ratios = [token_ratio(s, v, reference, finals, ppl_curves, n_boot=n_boot, rng=rng).to_dict() for s in scales for v in others]
+    final_table = _final_table(finals, scales, variants, reference)
+    std = C.seed_std(finals)
+    scaling = scaling_analysis(finals, reference, rng=rng)
+    status = _run_status(finals, expected)
+
+    per_scale = []
+    for s in scales:
+        ft = final_table[final_table["scale"] == s]
+        rs = {r["variant"]: r for r in ratios if r["scale"] == s}
+        head = rs.get(target)
+        entry = {
+            "scale": s,
+            "n_params": _num(finals.loc[finals["scale"] == s, "n_params"].median()),
+            "final_ppl": {r.variant: _num(r.mean_ppl) for r in ft.itertuples()},
+            "final_ppl_std": {r.variant: _num(r.std) for r in ft.itertuples()},
+            "n_seeds": {r.variant: int(r.n_seeds) for r in ft.itertuples()},
+            "target": target,
+            "token_ratio": head["token_ratio"]["value"] if head else None,
+            "censored": bool(head["token_ratio"]["censored"]) if head else False,
+            "token_ratio_display": head["token_ratio"]["display"] if head else "n/a",
+            "token_ratio_ci": [head["ci_low"], head["ci_high"]] if head and head["ci_low"] is not None else None,
+            "token_ratio_reason": (head["token_ratio"]["reason"] or head["ci_note"]) if head else "no non-reference variant",
+            "single_run_ratio": head["single_run"]["value"] if head else None,
+            "flop_ratio": head["flop_ratio"]["value"] if head else None,
+            "wall_ratio": head["wall_ratio"]["value"] if head else None,
+            "ratios": rs,
+        }
+        per_scale.append(entry)
+
+    ratio_table = pd.DataFrame(
+        [
+            {
+                "scale": r["scale"],
+                "variant": r["variant"],
+                "token_ratio": r["token_ratio"]["display"],
+                "interval_95": r["interval_display"],
+                "single_run_estimate": r["single_run"]["display"],
+                "flop_ratio": r["flop_ratio"]["display"],
+                "wall_ratio": r["wall_ratio"]["display"],
+                "value": r["token_ratio"]["value"],
+                "censored": r["token_ratio"]["censored"],
+                "ci_low": r["ci_low"],
+                "ci_high": r["ci_high"],
+                "target_ppl": r["target_ppl"],
+                "target_tokens": r["target_tokens"],
+                "reference_extends": " ".join(f"x{e:g}" for e in r["ref_extends"]),
+                "note": r["token_ratio"]["reason"] or r["ci_note"] or "",
+            }
+            for r in ratios
+        ],
+        columns=["scale", "variant", "token_ratio", "interval_95", "single_run_estimate", "flop_ratio", "wall_ratio", "value", "censored", "ci_low", "ci_high", "target_ppl", "target_tokens", "reference_extends", "note"],
+    )
+    run_cols = ["run_name", "run_id", "variant", "scale", "seed", "extend", "status", "tokens", "final_ppl", "final_wall_s", "n_params", "flops_per_token", "failure_reason"]
+    tables = {
+        "final_ppl": final_table,
+        "token_ratio": ratio_table,
+        "seed_std": std,
+        "runs": finals[[c for c in run_cols if c in finals.columns]],
+        "issues": status["table"],
+    }
+    summary = {
+        "study": data.study,
+        "tracking_uri": data.tracking_uri,
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "reference": reference,
+        "target": target,
+        "variants": variants,
+        "scales": per_scale,
+        "scaling": scaling,
+        "seed_std": std.to_dict(orient="records"),
+        "runs": {k: v for k, v in status.items() if k != "table"},
+        "n_boot": n_boot,
+    }
+
+    def figures(d: Path) -> list[Path]:
+        made = [
+            plots.ppl_curves(ppl_curves, finals, scales, cmap, reference, "step", d / "ppl_vs_tokens.png"),
+            plots.ppl_curves(ppl_curves, finals, scales, cmap, reference, "flops", d / "ppl_vs_flops.png"),
+            plots.ppl_curves(ppl_curves.dropna(subset=["wall_s"]), finals, scales, cmap, reference, "wall_s", d / "ppl_vs_wallclock.png"),
+            plots.token_ratios(ratios, scales, cmap, d / "token_ratio.png"),
+            plots.scaling(finals, scaling, cmap, d / "scaling.png"),
+            plots.seed_spread(std, scales, cmap, d / "seed_std.png"),
+            plots.attention(diag, scales, cmap, d / "attention.png"),
+        ]
+        return [p for p in made if p is not None]
+
+    return summary, tables, figures
+
+
+def _final_table(finals: pd.DataFrame, scales: list[str], variants: list[str], reference: str) -> pd.DataFrame:
+    """Final val ppl per scale x variant (planned runs), change vs reference, paper numbers beside."""
+    f = finals[(finals["extend"] == 1.0) & finals["complete"]]
+    g = f.groupby(["scale", "variant"]).agg(
+        n_params=("n_params", "median"),
+        n_params_total=("n_params_total", "median"),
+        tokens=("tokens", "mean"),
+        mean_ppl=("final_ppl", "mean"),
+        std=("final_ppl", "std"),
+        n_seeds=("final_ppl", "size"),
+    )
+    rows = []
+    for s in scales:
+        ref = g.loc[(s, reference), "mean_ppl"] if (s, reference) in g.index else np.nan
+        pref = paper_ppl(s, reference)
+        for v in variants:
+            if (s, v) not in g.index:
+                continue
+            r = g.loc[(s, v)]
+            p = paper_ppl(s, v)
+            pmid = None if p is None else sum(p) / 2
+            rows.append(
+                {
+                    "scale": s,
+                    "variant": v,
+                    "n_params": r["n_params"],
+                    "n_params_total": r["n_params_total"],
+                    "tokens": r["tokens"],
+                    "mean_ppl": r["mean_ppl"],
+                    "std": r["std"],
+                    "n_seeds": int(r["n_seeds"]),
+                    "change_vs_reference_pct": 100.0 * (r["mean_ppl"] / ref - 1.0) if np.isfinite(ref) else np.nan,
+                    "paper_ppl": None if p is None else (f"{p[0]:g}" if p[0] == p[1] else f"{p[0]:g}-{p[1]:g}"),
+                    "paper_change_pct": None if (p is None or pref is None) else 100.0 * (pmid / (sum(pref) / 2) - 1.0),
+                }
+            )
+    return pd.DataFrame(rows, columns=["scale", "variant", "n_params", "n_params_total", "tokens", "mean_ppl", "std", "n_seeds", "change_vs_reference_pct", "paper_ppl", "paper_change_pct"])
+
+
+def _run_status(finals: pd.DataFrame, expected) -> dict:
+    """Failed, incomplete (running, or finished without final/val_ppl) and missing runs."""
+
+    def row(r, problem):
+        return {
+            "problem": problem,
+            "run_name": r.get("run_name") or "",
+            "variant": r.get("variant"),
+            "scale": r.get("scale"),
+            "seed": None if pd.isna(r.get("seed")) else int(r.get("seed")),
+            "extend": float(r.get("extend", 1.0)),
+            "detail": r.get("failure_reason") if isinstance(r.get("failure_reason"), str) else "",
+        }
+
+    recs = finals.to_dict(orient="records")
+    failed = [row(r, "failed") for r in recs if r["status"] == "failed"]
+    incomplete = [
+        row(r, "incomplete") | {"detail": f"status {r['status']}" + ("" if r["status"] != "finished" else ", no final/val_ppl")}
+        for r in recs
+        if r["status"] != "failed" and not r["complete"]
+    ]
+    expected_from = "inferred grid (variants x scales x seeds, reference extend levels)" if expected is None else "plan"
+    present = {(r["variant"], r["scale"], None if pd.isna(r["seed"]) else int(r["seed"]), float(r["extend"])) for r in recs}
+    if expected is None:
+        expected = _inferred_grid(finals)
+    else:
+        expected = {(e["variant"], e["scale"], int(e["seed"]), float(e.get("extend", 1.0))) for e in expected}
+    missing = [
+        {"problem": "missing", "run_name": "", "variant": v, "scale": s, "seed": sd, "extend": e, "detail": "planned but no MLflow run"}
+        for v, s, sd, e in sorted(expected - present, key=lambda k: (k[1], k[0], k[3], k[2]))
+    ]
+    table = pd.DataFrame(failed + incomplete + missing, columns=["problem", "run_name", "variant", "scale", "seed", "extend", "detail"])
+    return {
+        "total": len(recs),
+        "finished": int(finals["complete"].sum()),
+        "failed": failed,
+        "incomplete": incomplete,
+        "missing": missing,
+        "expected_from": expected_from,
+        "table": table,
+    }
+
+
+def _inferred_grid(finals: pd.DataFrame) -> set[tuple]:
+    """variants x scales x seeds at x1, plus each variant's extend levels at every scale and seed."""
+    seeds = sorted({int(s) for s in finals["seed"].dropna()})
+    scales = sorted(finals["scale"].dropna().unique())
+    grid = set()
+    for v, g in finals.groupby("variant"):
+        for e in set(g["extend"]) | {1.0}:
+            grid |= {(v, s, sd, float(e)) for s in scales for sd in seeds}
+    return grid
+
+
+def _num(x) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) or pd.isna(x) else float(x)
+
+
+def _jsonable(obj):
+    """Plain JSON types; NaN/inf become None."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if obj is pd.NA or obj is pd.NaT:
+        return None
+    return obj

@@ -1,0 +1,202 @@
+"""The report's PNG figures (matplotlib, Agg backend; no display needed).
+
+Each function draws one figure from already-aggregated tables, saves it to `path` and returns
+the path, or None when there is nothing to draw. Colours are fixed per variant so every
+figure of one report reads the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from orchestrator.report.paper import PAPER_NOMINAL_N, PAPER_PPL, PAPER_SEED_STD, paper_variant  # noqa: E402
+
+DPI = 110
+
+
+def colors(variants: list[str]) -> dict[str, str]:
+    """A stable colour per variant (tab10 order)."""
+    cycle = plt.get_cmap("tab10").colors
+    return {v: matplotlib.colors.to_hex(cycle[i % len(cycle)]) for i, v in enumerate(variants)}
+
+
+def _panels(n: int, width: float = 4.2, height: float = 3.4, rows: int = 1):
+    cols = max(n, 1)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    return fig, axes
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+XLABEL = {"step": "tokens seen", "flops": "training FLOPs", "wall_s": "wall-clock (s)"}
+
+
+def ppl_curves(
+    curves: pd.DataFrame,
+    finals: pd.DataFrame,
+    scales: list[str],
+    cmap: dict[str, str],
+    reference: str,
+    x: str,
+    path: Path,
+) -> Path | None:
+    """Val perplexity vs x ("step" = tokens, "flops" or "wall_s"), one panel per scale.
+
+    Lines: seed mean of each variant's planned (x1) run, band = +-1 seed std. Markers: final
+    perplexity of the reference's extend runs (the points the token ratio interpolates).
+    """
+    if curves.empty:
+        return None
+    fig, axes = _panels(len(scales))
+    for ax, scale in zip(axes[0], scales):
+        c = curves[curves["scale"] == scale]
+        for variant, g in c[c["extend"] == 1.0].groupby("variant", sort=False):
+            g = g.sort_values("step")
+            xs, m, s = g[x].to_numpy(float), g["mean"].to_numpy(float), g["std"].fillna(0.0).to_numpy(float)
+            ax.plot(xs, m, color=cmap[variant], label=variant, lw=1.5)
+            ax.fill_between(xs, m - s, m + s, color=cmap[variant], alpha=0.2, lw=0)
+        ext = c[(c["variant"] == reference) & (c["extend"] != 1.0)]
+        for e, g in ext.groupby("extend"):
+            g = g.sort_values("step")
+            ax.plot(g[x], g["mean"], color=cmap[reference], lw=0.8, ls=":", alpha=0.7)
+        f = finals[(finals["scale"] == scale) & (finals["variant"] == reference) & finals["complete"]]
+        fx = {"step": "tokens", "flops": "final_flops", "wall_s": "final_wall_s"}[x]
+        pts = f.groupby("extend")[[fx, "final_ppl"]].mean()
+        if len(pts):
+            ax.plot(pts[fx], pts["final_ppl"], "kx", ms=7, label=f"{reference} extend finals")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"scale {scale}")
+        ax.set_xlabel(XLABEL[x])
+        ax.set_ylabel("val perplexity")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def token_ratios(ratios: list[dict], scales: list[str], cmap: dict[str, str], path: Path) -> Path | None:
+    """Token ratio per scale and variant with its bootstrap interval; censored ones as arrows."""
+    rows = [r for r in ratios if r["token_ratio"]["value"] is not None]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    variants = sorted({r["variant"] for r in rows})
+    for j, variant in enumerate(variants):
+        for r in (r for r in rows if r["variant"] == variant):
+            xi = scales.index(r["scale"]) + (j - (len(variants) - 1) / 2) * 0.15
+            v = r["token_ratio"]["value"]
+            if r["token_ratio"]["censored"]:
+                up = r["token_ratio"]["direction"] == ">"
+                ax.plot([xi], [v], marker="^" if up else "v", color=cmap[variant], ms=9, ls="none")
+            else:
+                lo, hi = r["ci_low"], r["ci_high"]
+                yerr = None if lo is None else [[v - lo], [hi - v]]
+                ax.errorbar([xi], [v], yerr=yerr, fmt="o", color=cmap[variant], capsize=3)
+        ax.plot([], [], "o", color=cmap[variant], label=variant)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(scales)), scales)
+    ax.set_xlabel("scale")
+    ax.set_ylabel("reference tokens / variant tokens\nat equal perplexity")
+    ax.set_title("token ratio (triangles: censored bound)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Path) -> Path | None:
+    """Final perplexity vs N (non-embedding) and vs FLOPs with fitted laws; paper points beside."""
+    from orchestrator.report.scaling import PowerLawFit
+
+    f = finals[(finals["extend"] == 1.0) & finals["complete"]]
+    if f.empty:
+        return None
+    fig, axes = _panels(3)
+    for ax, xcol, key, label in (
+        (axes[0][0], "n_params", "N", "N (non-embedding parameters)"),
+        (axes[0][1], "final_flops", "flops", "training FLOPs"),
+    ):
+        for variant, g in f.groupby("variant"):
+            p = g.groupby("scale")[[xcol, "final_ppl"]].agg(["mean", "std"])
+            ax.errorbar(p[(xcol, "mean")], p[("final_ppl", "mean")], yerr=p[("final_ppl", "std")].fillna(0), fmt="o", color=cmap[variant], label=variant, capsize=2)
+            fit = analysis["fits"].get(variant, {}).get(key)
+            if fit:
+                law = PowerLawFit(**fit)
+                xs = np.logspace(np.log10(g[xcol].min() / 2), np.log10(g[xcol].max() * 4), 100)
+                ax.plot(xs, law.ppl(xs), color=cmap[variant], lw=1, label=f"fit a={law.alpha:.2f}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("final val perplexity")
+        ax.set_title("this study: L = E + A x^-alpha fits")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    ax = axes[0][2]
+    pvars = sorted({v for d in PAPER_PPL.values() for v in d})
+    pmap = colors(pvars)
+    for variant in pvars:
+        cv = next((c for v, c in cmap.items() if paper_variant(v) == variant), pmap[variant])
+        pts = [(PAPER_NOMINAL_N[s], sum(d[variant]) / 2) for s, d in PAPER_PPL.items() if variant in d]
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, "s--", color=cv, label=variant, lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("nominal model size (paper)")
+    ax.set_ylabel("WikiText-103 val perplexity")
+    ax.set_title("paper reference (arXiv 2604.01683)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6)
+    return _save(fig, path)
+
+
+def seed_spread(std: pd.DataFrame, scales: list[str], cmap: dict[str, str], path: Path) -> Path | None:
+    """Seed std of final perplexity per variant and scale, with the paper's 0.04 / 0.31 lines."""
+    s = std.dropna(subset=["std"])
+    if s.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    variants = list(dict.fromkeys(s["variant"]))
+    width = 0.8 / len(variants)
+    for j, variant in enumerate(variants):
+        g = s[s["variant"] == variant]
+        xs = [scales.index(sc) + (j - (len(variants) - 1) / 2) * width for sc in g["scale"]]
+        ax.bar(xs, g["std"], width=width, color=cmap[variant], label=variant)
+    for variant, val in PAPER_SEED_STD.items():
+        ax.axhline(val, ls="--", lw=0.8, color="grey")
+        ax.text(len(scales) - 0.5, val, f"paper {variant} {val}", fontsize=6, va="bottom", ha="right")
+    ax.set_xticks(range(len(scales)), scales)
+    ax.set_ylabel("seed std of final val perplexity")
+    ax.set_title("stability over seeds")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def attention(diag: dict[str, pd.DataFrame], scales: list[str], cmap: dict[str, str], path: Path) -> Path | None:
+    """Attention diagnostics (one row per metric) over training tokens, one column per scale."""
+    diag = {k: v for k, v in diag.items() if not v.empty}
+    if not diag:
+        return None
+    fig, axes = _panels(len(scales), height=3.0, rows=len(diag))
+    for row, (key, c) in enumerate(diag.items()):
+        for ax, scale in zip(axes[row], scales):
+            cs = c[(c["scale"] == scale) & (c["extend"] == 1.0)]
+            for variant, g in cs.groupby("variant", sort=False):
+                g = g.sort_values("step")
+                ax.plot(g["step"], g["mean"], color=cmap[variant], label=variant)
+                ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0), color=cmap[variant], alpha=0.2, lw=0)
+            ax.set_xscale("log")
+            ax.set_title(f"{key}, scale {scale}", fontsize=9)
+            ax.set_xlabel("tokens seen")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=6)
+    return _save(fig, path)

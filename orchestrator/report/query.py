@@ -1,0 +1,275 @@
+"""Read a study's training runs and metric histories from MLflow in bulk.
+
+Why two paths: the MLflow client API fetches metric history one (run, metric) at a time,
+which for 1,000 runs x 10 metrics is 10,000 round trips. When the tracking URI is a
+database (sqlite, postgresql, mysql, mssql) we read MLflow's own tables (`runs`, `tags`,
+`params`, `metrics`) with four SQL queries instead; for any other URI (http MLflow server,
+file store) we fall back to `search_runs` plus per-run `get_metric_history` in a thread pool.
+Both paths return the same `StudyData`. Runs tagged `qkstudy.kind` other than "train"
+(e.g. the report's own run) are excluded.
+
+Conventions read here are DESIGN.md "Conventions": experiment = study name, step = tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.report.errors import ReportError
+
+KIND_TAG = "qkstudy.kind"
+# Tags and params promoted to typed columns of the run table; the rest keep a prefix.
+RUN_TAGS = ("study", "run_id", "variant", "scale", "seed", "corpus", "extend", "status", "failure_reason")
+NUMERIC_PARAMS = ("n_params", "n_params_total", "flops_per_token", "planned_tokens", "seq_len", "global_batch")
+_SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mssql")
+
+
+@dataclass
+class StudyData:
+    """A study's runs and metric points.
+
+    runs: one row per MLflow run; columns run_uuid, run_name, mlflow_status, start_time,
+        end_time (ms since epoch), the RUN_TAGS (seed as Int64, extend as float), kind,
+        the NUMERIC_PARAMS as float, and `params.<name>` / `tags.<name>` for the rest.
+    metrics: one row per (run_uuid, key, step); columns run_uuid, key, step (int, tokens
+        seen), value (float, NaN where MLflow stored NaN), timestamp (ms).
+    """
+
+    study: str
+    tracking_uri: str
+    experiment_id: str
+    runs: pd.DataFrame
+    metrics: pd.DataFrame
+
+    def tidy(self) -> pd.DataFrame:
+        """One row per (run, metric, step) with the run's columns; runs without metrics keep one row."""
+        return self.runs.merge(self.metrics, on="run_uuid", how="left")
+
+
+def is_sql_uri(tracking_uri: str) -> bool:
+    """True when the tracking URI is a SQLAlchemy database URI MLflow stores runs in."""
+    scheme = urlparse(tracking_uri).scheme.split("+")[0].lower()
+    return scheme in _SQL_SCHEMES
+
+
+def query_study(study: str, tracking_uri: str, *, with_metrics: bool = True) -> StudyData:
+    """Read the study's training runs (and, by default, all their metric histories).
+
+    Raises ReportError when the store or the experiment does not exist or has no training runs.
+    """
+    if is_sql_uri(tracking_uri):
+        data = _query_sql(study, tracking_uri, with_metrics)
+    else:
+        data = _query_client(study, tracking_uri, with_metrics)
+    if data.runs.empty:
+        raise ReportError(f"study {study!r}: experiment exists in {tracking_uri} but has no training runs")
+    return data
+
+
+def load_study(study: str, tracking_uri: str) -> pd.DataFrame:
+    """The study as one tidy table: a row per (run, metric, step) plus the run's columns.
+
+    Columns: see StudyData.runs and StudyData.metrics (metric columns key, step, value,
+    timestamp are NA on the single row of a run that logged no metric).
+    Raises ReportError when the study's experiment does not exist or has no runs.
+    """
+    return query_study(study, tracking_uri).tidy()
+
+
+def export_study(study: str, tracking_uri: str, out_file: str | os.PathLike) -> Path:
+    """Write load_study's table to a Parquet file atomically (temp file, then rename).
+
+    Returns the written path. Raises ReportError like load_study.
+    """
+    out = Path(out_file)
+    table = load_study(study, tracking_uri)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        table.to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+# --- SQL path -------------------------------------------------------------------------------
+
+
+def _engine(tracking_uri: str):
+    import sqlalchemy
+
+    if tracking_uri.startswith("sqlite:"):
+        path = tracking_uri.split("sqlite:///", 1)[-1]
+        if path and path != ":memory:" and not Path(path).exists():
+            raise ReportError(f"tracking store {tracking_uri}: database file {path} does not exist")
+    return sqlalchemy.create_engine(tracking_uri)
+
+
+def _query_sql(study: str, tracking_uri: str, with_metrics: bool) -> StudyData:
+    import sqlalchemy
+
+    engine = _engine(tracking_uri)
+    try:
+        with engine.connect() as conn:
+            try:
+                exp = pd.read_sql(
+                    sqlalchemy.text(
+                        "SELECT experiment_id FROM experiments WHERE name = :n AND lifecycle_stage = 'active'"
+                    ),
+                    conn,
+                    params={"n": study},
+                )
+            except sqlalchemy.exc.OperationalError as err:
+                raise ReportError(f"tracking store {tracking_uri} is not an MLflow database: {err}") from err
+            if exp.empty:
+                raise ReportError(f"study {study!r}: no MLflow experiment of that name in {tracking_uri}")
+            eid = str(exp["experiment_id"].iloc[0])
+            active = "FROM runs r WHERE r.experiment_id = :e AND r.lifecycle_stage = 'active'"
+            p = {"e": int(eid) if eid.isdigit() else eid}
+            runs = pd.read_sql(
+                sqlalchemy.text(
+                    "SELECT r.run_uuid, r.name AS run_name, r.status AS mlflow_status, r.start_time, r.end_time "
+                    + active
+                ),
+                conn,
+                params=p,
+            )
+            join = "JOIN runs r ON r.run_uuid = x.run_uuid WHERE r.experiment_id = :e AND r.lifecycle_stage = 'active'"
+            tags = pd.read_sql(sqlalchemy.text(f"SELECT x.run_uuid, x.key, x.value FROM tags x {join}"), conn, params=p)
+            params = pd.read_sql(
+                sqlalchemy.text(f"SELECT x.run_uuid, x.key, x.value FROM params x {join}"), conn, params=p
+            )
+            metrics = None
+            if with_metrics:
+                metrics = pd.read_sql(
+                    sqlalchemy.text(
+                        f"SELECT x.run_uuid, x.key, x.step, x.value, x.timestamp, x.is_nan FROM metrics x {join}"
+                    ),
+                    conn,
+                    params=p,
+                )
+    finally:
+        engine.dispose()
+    run_table = _run_table(runs, tags, params)
+    if metrics is None:
+        metrics = _empty_metrics()
+    else:
+        metrics.loc[metrics["is_nan"].astype(bool), "value"] = np.nan
+        metrics = metrics.drop(columns="is_nan")
+    return StudyData(study, tracking_uri, eid, run_table, _clean_metrics(metrics, run_table))
+
+
+# --- client path (http MLflow server, file store) -------------------------------------------
+
+
+def _query_client(study: str, tracking_uri: str, with_metrics: bool) -> StudyData:
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri)
+    try:
+        exp = client.get_experiment_by_name(study)
+    except MlflowException as err:
+        raise ReportError(f"tracking store {tracking_uri}: {err}") from err
+    if exp is None or exp.lifecycle_stage != "active":
+        raise ReportError(f"study {study!r}: no MLflow experiment of that name in {tracking_uri}")
+    found, token = [], None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id], run_view_type=ViewType.ACTIVE_ONLY, max_results=50000, page_token=token
+        )
+        found.extend(page)
+        token = page.token
+        if not token:
+            break
+    runs = pd.DataFrame(
+        [
+            (r.info.run_id, r.info.run_name, r.info.status, r.info.start_time, r.info.end_time)
+            for r in found
+        ],
+        columns=["run_uuid", "run_name", "mlflow_status", "start_time", "end_time"],
+    )
+    tags = pd.DataFrame(
+        [(r.info.run_id, k, v) for r in found for k, v in r.data.tags.items()], columns=["run_uuid", "key", "value"]
+    )
+    params = pd.DataFrame(
+        [(r.info.run_id, k, v) for r in found for k, v in r.data.params.items()], columns=["run_uuid", "key", "value"]
+    )
+    run_table = _run_table(runs, tags, params)
+    if not with_metrics:
+        return StudyData(study, tracking_uri, exp.experiment_id, run_table, _empty_metrics())
+    keep = set(run_table["run_uuid"])
+    jobs = [(r.info.run_id, k) for r in found if r.info.run_id in keep for k in r.data.metrics]
+
+    def history(job):
+        run_uuid, key = job
+        return [(run_uuid, key, m.step, m.value, m.timestamp) for m in client.get_metric_history(run_uuid, key)]
+
+    # The server handles concurrent reads; 16 in flight hides per-request latency.
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        rows = [row for part in pool.map(history, jobs) for row in part]
+    metrics = pd.DataFrame(rows, columns=["run_uuid", "key", "step", "value", "timestamp"])
+    return StudyData(study, tracking_uri, exp.experiment_id, run_table, _clean_metrics(metrics, run_table))
+
+
+# --- shaping --------------------------------------------------------------------------------
+
+
+def _empty_metrics() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "run_uuid": pd.Series(dtype=object),
+            "key": pd.Series(dtype=object),
+            "step": pd.Series(dtype="int64"),
+            "value": pd.Series(dtype="float64"),
+            "timestamp": pd.Series(dtype="int64"),
+        }
+    )
+
+
+def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame) -> pd.DataFrame:
+    """Pivot tags and params onto the run rows, type the known ones, drop non-training runs."""
+    runs = runs.copy()
+    t = tags.pivot(index="run_uuid", columns="key", values="value") if not tags.empty else pd.DataFrame()
+    p = params.pivot(index="run_uuid", columns="key", values="value") if not params.empty else pd.DataFrame()
+    runs = runs.set_index("run_uuid")
+    for name in RUN_TAGS:
+        runs[name] = t[name].reindex(runs.index) if name in t.columns else None
+    runs["kind"] = t[KIND_TAG].reindex(runs.index) if KIND_TAG in t.columns else None
+    for name in t.columns:
+        if name not in RUN_TAGS and name != KIND_TAG and not name.startswith("mlflow."):
+            runs[f"tags.{name}"] = t[name].reindex(runs.index)
+    for name in NUMERIC_PARAMS:
+        col = p[name].reindex(runs.index) if name in p.columns else pd.Series(np.nan, index=runs.index)
+        runs[name] = pd.to_numeric(col, errors="coerce").astype(float)
+    for name in p.columns:
+        if name not in NUMERIC_PARAMS:
+            runs[f"params.{name}"] = p[name].reindex(runs.index)
+    runs = runs.reset_index()
+    # The report's own run and any other non-training kind are not data.
+    runs = runs[runs["kind"].isna() | (runs["kind"] == "train")].copy()
+    runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce").astype("Int64")
+    runs["extend"] = pd.to_numeric(runs["extend"], errors="coerce").fillna(1.0).astype(float)
+    runs["status"] = runs["status"].fillna(runs["mlflow_status"].str.lower())
+    runs["run_name"] = runs["run_name"].fillna("")
+    return runs.sort_values(["scale", "variant", "extend", "seed", "run_name"], na_position="last").reset_index(
+        drop=True
+    )
+
+
+def _clean_metrics(metrics: pd.DataFrame, run_table: pd.DataFrame) -> pd.DataFrame:
+    metrics = metrics[metrics["run_uuid"].isin(run_table["run_uuid"])]
+    metrics = metrics.astype({"step": "int64", "value": "float64", "timestamp": "int64"})
+    return metrics.sort_values(["run_uuid", "key", "step", "timestamp"], kind="stable").reset_index(drop=True)
