@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from orchestrator.report.paper import PAPER_NOMINAL_N, PAPER_PPL, PAPER_SEED_STD, paper_variant  # noqa: E402
+from orchestrator.report.paper import PAPER_NOMINAL_N, PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_variant  # noqa: E402
 
 DPI = 110
 
@@ -106,6 +106,7 @@ def token_ratios(ratios: list[dict], scales: list[str], cmap: dict[str, str], pa
                 ax.errorbar([xi], [v], yerr=yerr, fmt="o", color=cmap[variant], capsize=3)
         ax.plot([], [], "o", color=cmap[variant], label=variant)
     ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axhline(PAPER_TOKEN_RATIO, color="grey", lw=0.8, ls="--", label=f"paper {PAPER_TOKEN_RATIO}x")
     ax.set_xticks(range(len(scales)), scales)
     ax.set_xlabel("scale")
     ax.set_ylabel("reference tokens / variant tokens\nat equal perplexity")
@@ -144,7 +145,7 @@ def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Pa
         ax.legend(fontsize=6)
     ax = axes[0][2]
     pvars = sorted({v for d in PAPER_PPL.values() for v in d})
-    pmap = colors(pvars)
+    pmap = {v: matplotlib.colors.to_hex(c) for v, c in zip(pvars, plt.get_cmap("Dark2").colors)}
     for variant in pvars:
         cv = next((c for v, c in cmap.items() if paper_variant(v) == variant), pmap[variant])
         pts = [(PAPER_NOMINAL_N[s], sum(d[variant]) / 2) for s, d in PAPER_PPL.items() if variant in d]

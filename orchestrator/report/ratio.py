@@ -53,6 +53,8 @@ class RatioResult:
     ci_low: float | None = None
     ci_high: float | None = None
     ci_note: str | None = None
+    ci_low_censored: bool = False
+    ci_high_censored: bool = False
     n_boot: int = 0
     boot_censored_frac: float | None = None
     target_ppl: float | None = None
@@ -67,7 +69,12 @@ class RatioResult:
     def interval_display(self) -> str:
         if self.ci_low is None:
             return self.ci_note or "n/a"
-        return f"[{self.ci_low:.2f}, {self.ci_high:.2f}]"
+        if self.boot_censored_frac == 1.0:
+            return "censored in every draw"
+        # An end that sits on the measured range's bound is itself censored.
+        lo = f"{'<' if self.ci_low_censored else ''}{self.ci_low:.2f}"
+        hi = f"{'>' if self.ci_high_censored else ''}{self.ci_high:.2f}"
+        return f"[{lo}, {hi}]"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -85,18 +92,19 @@ def solve_tokens(tokens: np.ndarray, ppl: np.ndarray, target: float) -> tuple[fl
     stay above target, (min tokens, '<') when the fewest tokens are already at or below it.
     """
     order = np.argsort(tokens)
-    x = np.log(np.asarray(tokens, float)[order])
+    d = np.asarray(tokens, float)[order]
+    x = np.log(d)
     y = isotonic_regression(np.log(np.asarray(ppl, float)[order]), increasing=False).x
     t = np.log(target)
     if t < y[-1]:
-        return float(np.exp(x[-1])), ">"
+        return float(d[-1]), ">"
     if t >= y[0]:
-        return float(np.exp(x[0])), "<"
+        return float(d[0]), "<"
     # First segment whose right end is at or below the target; y[i] > t >= y[i+1] there.
     i = int(np.argmax(y <= t)) - 1
     f = PchipInterpolator(x, y)
     if y[i + 1] == t:
-        return float(np.exp(x[i + 1])), None
+        return float(d[i + 1]), None
     return float(np.exp(brentq(lambda u: f(u) - t, x[i], x[i + 1]))), None
 
 
@@ -187,7 +195,9 @@ def token_ratio(
         d, direction = solve_tokens(tokens, np.array([s[b] for s in samples]), tgt_samples[b])
         boot[b], cens[b] = d / d_c, direction is not None
     a = (1.0 - level) / 2.0
-    res.ci_low, res.ci_high = (float(v) for v in np.quantile(boot, [a, 1.0 - a]))
+    res.ci_low, res.ci_high = (float(v) for v in np.quantile(boot, [a, 1.0 - a], method="inverted_cdf"))
+    res.ci_low_censored = bool((cens & (boot <= res.ci_low)).any())
+    res.ci_high_censored = bool((cens & (boot >= res.ci_high)).any())
     res.n_boot = n_boot
     res.boot_censored_frac = float(cens.mean())
     if cens.any():

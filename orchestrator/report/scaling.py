@@ -132,8 +132,9 @@ def scaling_analysis(finals: pd.DataFrame, reference: str, *, n_boot: int = 200,
         rb, vb = boots.get(reference, []), boots.get(variant, [])
         if rb and vb:
             vals = np.array([fade_scale(a, b, n_min) or np.inf for a, b in zip(rb, vb)])
-            lo, hi = np.quantile(vals, [0.025, 0.975])
-            entry["ci"] = [float(lo), float(hi)]
+            # inf = "not below 1% within the grid"; it becomes None (shown as > 1e16) in the summary.
+            lo, hi = np.quantile(vals, [0.025, 0.975], method="inverted_cdf")
+            entry["ci"] = [float(lo) if np.isfinite(lo) else None, float(hi) if np.isfinite(hi) else None]
         else:
             entry["note"] = (entry["note"] + "; one seed per scale: no bootstrap interval").strip("; ")
         fade[variant] = entry

@@ -112,7 +112,7 @@ def write_synthetic_study(study: SyntheticStudy, tracking_uri: str, *, bulk_sql:
         params = {
             "n_params": str(int(n)),
             "n_params_total": str(int(n * 1.3)),
-            "flops_per_token": f"{fpt:.6g}",
+            "flops_per_token": repr(fpt),
             "planned_tokens": str(int(planned)),
             "seq_len": "256",
             "global_batch": "32",

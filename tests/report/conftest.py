@@ -1,0 +1,42 @@
+"""One real MLflow SQLite store per test session holding every synthetic study the tests read."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
+
+# Baseline needs exactly 2.4x the tokens of coupled; uncoupled_mlp needs 4x (> the x3 extend
+# range, so censored); seed noise 0.002 nats ~ the paper's 0.04 ppl seed std at ppl 22.
+MAIN = SyntheticStudy(
+    study="ratio",
+    variants={"standard": 1.0, "coupled": 2.4, "uncoupled_mlp": 4.0},
+    scales={"xs": 2e6, "s": 8e6, "m": 3.2e7},
+    seeds=(0, 1, 2),
+    extend=(1.5, 2.0, 3.0),
+    seed_noise={"standard": 0.002, "coupled": 0.002, "uncoupled_mlp": 0.014},
+    failed=(("coupled", "s", 2, 1.0),),
+    skip=(("standard", "m", 1, 2.0),),
+    rng_seed=7,
+)
+ONE_SEED = SyntheticStudy(study="one-seed", scales={"xs": 2e6}, seeds=(0,), n_eval=8)
+NO_EXTEND = SyntheticStudy(study="no-extend", scales={"xs": 2e6}, seeds=(0, 1), extend=(), n_eval=8)
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory):
+    """sqlite tracking URI with the studies MAIN, ONE_SEED and NO_EXTEND written through MLflow."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    for spec in (MAIN, ONE_SEED, NO_EXTEND):
+        write_synthetic_study(spec, uri)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def main_report(store, tmp_path_factory):
+    """build_report of MAIN (logged to MLflow), with its output folder."""
+    from orchestrator.report import build_report
+
+    out = tmp_path_factory.mktemp("report") / "ratio"
+    summary = build_report(MAIN.study, store, out, n_boot=400)
+    return summary, out

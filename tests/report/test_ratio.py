@@ -1,0 +1,67 @@
+"""Token-ratio and scaling statistics on exact, known curves (no MLflow)."""
+
+import numpy as np
+import pytest
+
+from orchestrator.report.ratio import curve_crossing, solve_tokens
+from orchestrator.report.scaling import PowerLawFit, fade_scale, fit_power_law
+
+
+def _ppl(tokens, k=1.0):
+    # Saturating law in tokens: ln ppl = 2 + 100 (k D)^-0.28
+    return np.exp(2.0 + 100.0 * (k * np.asarray(tokens, float)) ** -0.28)
+
+
+def test_solve_tokens_finds_known_ratio_between_extend_runs():
+    d_c = 1e8
+    tokens = d_c * np.array([1.0, 1.5, 2.0, 3.0])
+    d, censor = solve_tokens(tokens, _ppl(tokens), _ppl(d_c, k=2.4))
+    assert censor is None
+    assert d / d_c == pytest.approx(2.4, rel=1e-3)
+
+
+def test_solve_tokens_censors_instead_of_extrapolating():
+    tokens = 1e8 * np.array([1.0, 2.0, 3.0])
+    assert solve_tokens(tokens, _ppl(tokens), _ppl(1e8, k=4.0)) == (3e8, ">")
+    assert solve_tokens(tokens, _ppl(tokens), _ppl(1e8, k=0.5)) == (1e8, "<")
+
+
+def test_solve_tokens_tolerates_seed_noise_that_breaks_monotonicity():
+    tokens = 1e8 * np.array([1.0, 1.5, 2.0, 3.0])
+    ppl = _ppl(tokens)
+    ppl[2] = ppl[1] * 1.001  # x2 noisily worse than x1.5
+    d, censor = solve_tokens(tokens, ppl, _ppl(1e8, k=2.6))
+    assert censor is None and 2e8 <= d <= 3e8
+
+
+def test_curve_crossing_interpolates_log_log_and_censors():
+    steps = np.array([1e7, 2e7, 4e7, 8e7])
+    ppl = np.array([40.0, 30.0, 20.0, 10.0])
+    d, censor = curve_crossing(steps, ppl, 25.0)
+    # between 2e7 (30) and 4e7 (20): log-linear in both axes
+    u = (np.log(25) - np.log(30)) / (np.log(20) - np.log(30))
+    assert censor is None and d == pytest.approx(np.exp(np.log(2e7) + u * np.log(2)))
+    assert curve_crossing(steps, ppl, 5.0) == (8e7, ">")
+    assert curve_crossing(steps, ppl, 50.0) == (1e7, "<")
+
+
+def test_fit_power_law_recovers_parameters_from_several_starts():
+    n = np.array([1e6, 3e6, 1e7, 3e7, 1e8])
+    loss = 1.7 + 40.0 * n**-0.3
+    fit = fit_power_law(n, loss)
+    assert fit is not None
+    assert fit.E == pytest.approx(1.7, abs=1e-3)
+    assert fit.alpha == pytest.approx(0.3, abs=1e-3)
+    assert np.allclose(fit.loss(n), loss, atol=1e-6)
+    assert fit_power_law(n[:2], loss[:2]) is None  # fewer than 3 scales: no fit
+
+
+def test_fade_scale_where_advantage_falls_below_one_percent():
+    ref = PowerLawFit(E=2.0, A=1.0, alpha=0.3, x0=1e7, rmse=0.0)
+    var = PowerLawFit(E=2.0, A=0.8, alpha=0.3, x0=1e7, rmse=0.0)
+    n = fade_scale(ref, var, 1e6)
+    # advantage 1 - exp(-0.2 (N/1e7)^-0.3) = 1%  <=>  N = 1e7 * (0.2 / -ln 0.99)^(1/0.3)
+    expected = 1e7 * (0.2 / -np.log(0.99)) ** (1 / 0.3)
+    assert n == pytest.approx(expected, rel=0.02)
+    never = PowerLawFit(E=1.9, A=0.8, alpha=0.3, x0=1e7, rmse=0.0)
+    assert fade_scale(ref, never, 1e6) is None
