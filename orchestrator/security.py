@@ -198,11 +198,10 @@ def is_secret_key(key: object) -> bool:
     """True if a mapping key / variable name names a secret (password, token, api key...)."""
     if not isinstance(key, str):
         return False
-    low = key.lower()
-    if any(c in low for c in _SECRET_COMPOUNDS):
+    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower()  # apiKey -> api_key
+    if any(c in snake for c in _SECRET_COMPOUNDS):
         return True
-    words = re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower())
-    return any(w in _SECRET_WORDS for w in words)
+    return any(w in _SECRET_WORDS for w in re.split(r"[^a-z0-9]+", snake))
 
 
 def known_secrets(env: Mapping[str, str] | None = None) -> list[str]:

@@ -1,0 +1,223 @@
+"""The ``qkstudy`` command line.
+
+Every command that reads a spec validates it first; any input error (bad spec, bad data
+source, unknown study) prints one line per problem to stderr and exits with code 2 before
+Ray starts or MLflow is touched.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Compute-matched scaling studies of attention variants.")
+data_app = typer.Typer(no_args_is_help=True, help="Prepare corpora into token shards.")
+model_app = typer.Typer(no_args_is_help=True, help="Inspect model presets and variants.")
+app.add_typer(data_app, name="data")
+app.add_typer(model_app, name="model")
+
+# Wide tables when piped (CI logs, `| less`); the terminal width otherwise.
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+EXIT_INPUT = 2
+
+
+def _input_errors(fn):
+    """Turn the product's input errors into a clear message and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from data_pipeline import DataError
+
+        from .planner import PlanError
+        from .spec import SpecError
+
+        try:
+            return fn(*args, **kwargs)
+        except SpecError as e:
+            for line in str(e).splitlines():
+                err.print(f"[red]error[/]: {line}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(EXIT_INPUT)
+        except (PlanError, DataError, _report_error()) as e:
+            err.print(f"[red]error[/]: {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_INPUT)
+
+    return wrapper
+
+
+def _report_error():
+    try:
+        from .report import ReportError
+
+        return ReportError
+    except ImportError:  # report package not importable: nothing of its kind to catch
+        return LookupError
+
+
+def _load(spec: Path):
+    from .spec import load_spec
+
+    return load_spec(spec)
+
+
+def _study_uri(study: str, tracking_uri: Optional[str]) -> tuple[str, str]:
+    """(study name, tracking URI) from a spec path or a study name."""
+    p = Path(study)
+    if p.suffix in (".yaml", ".yml") or p.is_file():
+        s = _load(p)
+        return s.name, tracking_uri or s.resolved_tracking_uri
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(Path('runs') / study / 'mlflow.db').resolve()}"
+    return study, uri
+
+
+@app.command()
+@_input_errors
+def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> None:
+    """Validate a spec; print every error with its file and field path (exit code 2)."""
+    s = _load(spec)
+    out.print(f"{spec}: ok ({s.name}: {len(s.scales)} scales x {len(s.variants)} variants x {len(s.seeds)} seeds)")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of a study spec."""
+    from .spec import Study
+
+    print(json.dumps(Study.model_json_schema(), indent=2))
+
+
+@app.command("plan")
+@_input_errors
+def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
+             as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list.")) -> None:
+    """Print the compute-matched runs of a study before anything runs."""
+    from .planner import plan
+
+    s = _load(spec)
+    runs = plan(s)
+    if as_json:
+        rows = [{"run_id": r.run_id, "variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend,
+                 "n_params": r.n_params, "n_params_total": r.n_params_total, "flops_per_token": r.flops_per_token,
+                 "tokens": r.tokens, "steps": r.steps, "total_flops": r.total_flops} for r in runs]
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table(title=f"{s.name}: {len(runs)} runs, budget mode {s.budget.mode} (N = non-embedding parameters)")
+    for c in ("run_id", "variant", "scale", "seed", "extend", "N", "N total", "FLOPs/token", "tokens", "steps", "total FLOPs"):
+        t.add_column(c, justify="right" if c not in ("run_id", "variant", "scale") else "left")
+    for r in runs:
+        t.add_row(r.run_id, r.variant, r.scale, str(r.seed), f"{r.extend:g}", f"{r.n_params:,}", f"{r.n_params_total:,}",
+                  f"{r.flops_per_token:,}", f"{r.tokens:,}", f"{r.steps:,}", f"{r.total_flops:.3e}")
+    out.print(t)
+    out.print(f"total: {sum(r.tokens for r in runs):,} tokens, {sum(r.total_flops for r in runs):.3e} FLOPs")
+
+
+@app.command()
+@_input_errors
+def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
+        address: Optional[str] = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs.")) -> None:
+    """Run a study: train every planned run not already finished in MLflow."""
+    from .runner import run_study
+
+    s = _load(spec)
+    res = run_study(s, address=address, console=err, verbose=verbose)
+    counts = {}
+    for st in res.status.values():
+        counts[st] = counts.get(st, 0) + 1
+    err.print(f"study {s.name} done in {res.wall_s:.0f} s: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    err.print(f"MLflow: {s.resolved_tracking_uri} (experiment {s.name})")
+    if not res.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+@_input_errors
+def report(study: str = typer.Argument(..., help="Study name or spec path."),
+           out_dir: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/<study>/report)."),
+           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's store)."),
+           reference: Optional[str] = typer.Option(None, help="Reference variant (default: the spec's, else standard)."),
+           as_json: bool = typer.Option(False, "--json", help="Print the per-scale summary as JSON.")) -> None:
+    """Build the study's report from MLflow alone: curves, token ratio, tables, plots."""
+    from .report import build_report
+
+    name, uri = _study_uri(study, tracking_uri)
+    ref = reference
+    if ref is None and Path(study).is_file():
+        ref = _load(Path(study)).reference
+    target = out_dir or Path("runs") / name / "report"
+    summary = build_report(name, uri, target, reference=ref or "standard")
+    if as_json:
+        print(json.dumps(summary["scales"], indent=2))
+    else:
+        err.print(f"report written to {Path(target).resolve()}")
+        md = Path(target) / "report.md"
+        if md.exists():
+            out.print(md.read_text())
+
+
+@app.command()
+@_input_errors
+def export(study: str = typer.Argument(..., help="Study name or spec path."),
+           out_file: Path = typer.Option(..., "--out", help="Parquet file to write."),
+           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri")) -> None:
+    """Export a study's runs and metric histories from MLflow as one tidy Parquet table."""
+    from .report import export_study
+
+    name, uri = _study_uri(study, tracking_uri)
+    export_study(name, uri, out_file)
+    err.print(f"wrote {out_file}")
+
+
+@data_app.command("prepare")
+@_input_errors
+def data_prepare(source: str = typer.Option("stdlib", help="stdlib | text | jsonl | parquet | hf | mixture | mqar"),
+                 path: Optional[str] = typer.Option(None, help="File, folder, glob or URI of the source."),
+                 out_dir: Optional[str] = typer.Option(None, "--out", help="Cache root for the prepared shards."),
+                 vocab_size: Optional[int] = typer.Option(None, help="Tokenizer vocabulary size."),
+                 text_column: Optional[str] = typer.Option(None, help="Text column (jsonl / parquet)."),
+                 ) -> None:
+    """Tokenize a corpus into Arrow shards with a manifest (no-op when already prepared)."""
+    from data_pipeline.cli_support import prepare_from_args
+
+    opts = {k: v for k, v in {"vocab_size": vocab_size, "text_column": text_column}.items() if v is not None}
+    p = prepare_from_args(source, path, out_dir, **opts)
+    out.print(json.dumps({"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size,
+                          "splits": p.manifest.get("splits")}, indent=2, default=str))
+
+
+@model_app.command("info")
+def model_info_cmd(preset: str = typer.Option(..., help="Scale preset, e.g. cpu-s or 60m."),
+                   variant: str = typer.Option("standard", help="Model variant."),
+                   seq_len: Optional[int] = typer.Option(None, help="Sequence length (default: the preset's)."),
+                   vocab_size: Optional[int] = typer.Option(None, help="Vocabulary size (default: the preset's)."),
+                   as_json: bool = typer.Option(False, "--json")) -> None:
+    """Parameter counts and FLOPs per token: analytic, and measured with FlopCounterMode."""
+    from model.info import model_info
+
+    try:
+        info = model_info(preset, variant, seq_len=seq_len, vocab_size=vocab_size)
+    except ValueError as e:
+        err.print(f"[red]error[/]: {e}")
+        raise typer.Exit(EXIT_INPUT)
+    if as_json:
+        print(json.dumps(info, indent=2))
+    else:
+        for k, v in info.items():
+            out.print(f"{k:28s} {v:,}" if isinstance(v, int) else f"{k:28s} {v}")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

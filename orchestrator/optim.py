@@ -1,0 +1,96 @@
+"""Batch geometry, learning-rate schedules and the DeepSpeed config: derived in one place.
+
+Every worker calls these with the run's recipe and its world size, so 1-worker and
+N-worker runs of one RunSpec take identical optimizer steps over identical global batches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    """How one optimizer step's global batch is split.
+
+    global_batch = micro_batch x grad_accum x world_size (sequences).
+    """
+
+    global_batch: int
+    world_size: int
+    micro_batch: int
+    grad_accum: int
+
+    @property
+    def per_rank(self) -> int:
+        """Sequences each rank processes per optimizer step."""
+        return self.micro_batch * self.grad_accum
+
+
+def batch_geometry(global_batch: int, world_size: int, max_micro_batch: int) -> BatchGeometry:
+    """Largest micro-batch <= ``max_micro_batch`` that divides the per-rank share exactly.
+
+    Raises:
+        ValueError: ``global_batch`` is not divisible by ``world_size``.
+    """
+    if global_batch % world_size:
+        raise ValueError(f"global batch {global_batch} is not divisible by {world_size} workers")
+    per_rank = global_batch // world_size
+    micro = max(d for d in range(1, min(max_micro_batch, per_rank) + 1) if per_rank % d == 0)
+    return BatchGeometry(global_batch, world_size, micro, per_rank // micro)
+
+
+def lr_multiplier(step: int, total_steps: int, warmup_steps: int, schedule: str,
+                  min_lr_ratio: float, decay_fraction: float) -> float:
+    """LR multiplier (of the peak) before optimizer step ``step`` (0-based).
+
+    cosine: linear warmup over ``warmup_steps``, then cosine from 1 to ``min_lr_ratio`` at
+    ``total_steps`` (the GPT-3 / nanoGPT schedule). wsd (warmup-stable-decay, Hu et al.
+    2024, MiniCPM): warmup, constant 1, then linear decay to ``min_lr_ratio`` over the last
+    ``decay_fraction`` of the steps.
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "cosine":
+        span = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "wsd":
+        decay_steps = max(1, int(round(decay_fraction * total_steps)))
+        start = total_steps - decay_steps
+        if step < start:
+            return 1.0
+        return 1.0 - (1 - min_lr_ratio) * min(1.0, (step - start + 1) / decay_steps)
+    raise ValueError(f"unknown schedule {schedule!r}; allowed: cosine, wsd")
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay matrices (dim >= 2), not biases, norms or per-head scalars."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def deepspeed_config(geom: BatchGeometry, zero_stage: int, grad_clip: float, on_gpu: bool) -> dict[str, Any]:
+    """DeepSpeed config for one run: ZeRO stage, batch split, clipping, precision.
+
+    Precision is chosen by device: bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow and
+    the study's CPU numbers must be exact across worker counts).
+    """
+    return {
+        "train_batch_size": geom.global_batch,
+        "train_micro_batch_size_per_gpu": geom.micro_batch,
+        "gradient_accumulation_steps": geom.grad_accum,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": bool(on_gpu)},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,
+    }

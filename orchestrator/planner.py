@@ -1,0 +1,240 @@
+"""Planner: a Study becomes a list of compute-matched RunSpecs.
+
+Compute matching (DESIGN.md, "Compute matching"): per scale the reference variant gets the
+study's token budget D_ref; in ``flops`` mode the budget is C = D_ref x F_ref (F = training
+FLOPs per token, 3 x forward, from ``model.count_model``) and variant v trains C / F_v
+tokens; in ``tokens`` mode every variant trains D_ref; in ``wallclock`` mode every variant
+trains for the reference's seconds at its own throughput. ``extend`` adds reference runs of
+e x D_ref tokens, each with its own full schedule. Budgets round to whole optimizer steps
+(global_batch x seq_len tokens), so matched FLOPs agree within one step's worth of tokens.
+
+Run identity: ``run_id`` is the first 16 hex digits of the SHA-256 of the canonical JSON of
+everything that changes what a run computes (variant and options, model config, scale,
+seed, token budget and schedule, eval cadence, corpus and tokenizer config, and
+``IDENTITY_VERSION``) and nothing that does not (workers, ZeRO stage, storage, tracking
+URI). Same config, same id: re-submitting a study finds its finished runs by id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from model import build_config, count_model
+
+from .recipe import BETAS, recipe_for
+from .spec import ResourcesSpec, Study
+
+# Bump when a code change alters what an unchanged config computes, so old runs re-train.
+IDENTITY_VERSION = 1
+
+
+class PlanError(ValueError):
+    """The study validates but cannot be planned (e.g. a budget below one optimizer step)."""
+
+
+class TrainRecipe(BaseModel):
+    """The resolved optimizer and schedule of one run (no defaults left open)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq_len: int
+    global_batch: int
+    micro_batch: int
+    lr: float
+    schedule: str
+    warmup_steps: int
+    decay_fraction: float
+    min_lr_ratio: float
+    weight_decay: float
+    betas: tuple[float, float]
+    grad_clip: float
+    log_every_steps: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step: global_batch sequences x seq_len tokens."""
+        return self.global_batch * self.seq_len
+
+
+class RunSpec(BaseModel):
+    """One planned training run: everything a worker needs, JSON round-trippable.
+
+    Units: ``tokens`` (training tokens), ``flops_per_token`` (training FLOPs per token,
+    3 x forward), ``total_flops`` = tokens x flops_per_token. ``n_params`` is N, the
+    non-embedding parameter count; ``n_params_total`` includes embeddings.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    study: str
+    run_id: str
+    variant: str
+    model_variant: str
+    options: dict[str, Any]
+    scale: str
+    seed: int
+    extend: float
+    model: dict[str, Any]
+    n_params: int
+    n_params_total: int
+    flops_per_token: int
+    steps: int
+    tokens: int
+    total_flops: int
+    train: TrainRecipe
+    eval_every_steps: int
+    eval_max_windows: int
+    final_max_windows: int | None
+    diagnostics: bool
+    checkpoint_every_evals: int
+    corpus: dict[str, Any]
+    tokenizer: dict[str, Any]
+    resources: ResourcesSpec
+
+    @property
+    def run_name(self) -> str:
+        """Human-readable MLflow run name, e.g. ``coupled-cpu-s-s0-x1``."""
+        return f"{self.variant}-{self.scale}-s{self.seed}-x{_fmt_extend(self.extend)}"
+
+    @property
+    def extend_tag(self) -> str:
+        return _fmt_extend(self.extend)
+
+
+def _fmt_extend(e: float) -> str:
+    return str(int(e)) if float(e).is_integer() else f"{e:g}"
+
+
+def resolve_train(study: Study, scale: str) -> TrainRecipe:
+    """Merge the study's train section over the scale's recipe."""
+    r = recipe_for(scale)
+    t = study.train
+    global_batch = t.global_batch or r.global_batch
+    return TrainRecipe(
+        seq_len=t.seq_len or r.seq_len,
+        global_batch=global_batch,
+        micro_batch=min(t.micro_batch or r.micro_batch, global_batch),
+        lr=t.lr or r.lr,
+        schedule=t.schedule,
+        warmup_steps=0,  # set per run from its step count
+        decay_fraction=t.decay_fraction,
+        min_lr_ratio=t.min_lr_ratio,
+        weight_decay=t.weight_decay,
+        betas=BETAS,
+        grad_clip=t.grad_clip,
+        log_every_steps=t.log_every_steps,
+    )
+
+
+def run_identity(payload: dict[str, Any]) -> str:
+    """SHA-256 (first 16 hex digits) of the canonical JSON of ``payload``."""
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _reference_tokens(study: Study, scale: str, n_params_ref: int) -> int:
+    b = study.budget
+    if b.tokens_per_param is not None:
+        return int(round(b.tokens_per_param * n_params_ref))
+    return int(b.tokens[scale] if isinstance(b.tokens, dict) else b.tokens)
+
+
+def _steps_for(tokens: float, tokens_per_step: int) -> int:
+    return max(1, int(round(tokens / tokens_per_step)))
+
+
+def plan(study: Study) -> list[RunSpec]:
+    """Expand a study into runs, ordered by scale, then variant, then seed, then extend.
+
+    Raises:
+        PlanError: a budget that rounds to less than one optimizer step, or a wallclock
+            study without declared throughput.
+    """
+    runs: list[RunSpec] = []
+    vocab = study.tokenizer.vocab_size
+    for scale in study.scales:
+        base = resolve_train(study, scale)
+        tps = base.tokens_per_step
+        counts = {}
+        configs = {}
+        for v in study.variants:
+            cfg = build_config(scale, v.model_variant, vocab_size=vocab, seq_len=base.seq_len, **v.options)
+            configs[v.name] = cfg
+            counts[v.name] = count_model(cfg)
+        ref = counts[study.reference]
+        d_ref = _reference_tokens(study, scale, ref.n_params)
+        if d_ref < tps:
+            raise PlanError(
+                f"budget for scale {scale} is {d_ref} tokens, less than one optimizer step "
+                f"({base.global_batch} x {base.seq_len} = {tps} tokens)"
+            )
+        ref_steps = _steps_for(d_ref, tps)
+        eval_every = (
+            max(1, study.eval.every_tokens // tps) if study.eval.every_tokens else max(1, ref_steps // study.eval.num_evals)
+        )
+        for v in study.variants:
+            c = counts[v.name]
+            if study.budget.mode == "tokens":
+                d_v = d_ref
+            elif study.budget.mode == "flops":
+                d_v = d_ref * ref.flops_per_token / c.flops_per_token
+            else:
+                thr = study.budget.throughput
+                if not thr:
+                    raise PlanError("budget.mode wallclock needs budget.throughput (tokens/s per variant); "
+                                    "measure it with `qkstudy calibrate SPEC`")
+                d_v = d_ref * thr[v.name] / thr[study.reference]
+            multipliers = [1.0] + (list(study.extend) if v.name == study.reference else [])
+            for seed in study.seeds:
+                for e in multipliers:
+                    steps = _steps_for(d_v * e, tps)
+                    train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps))})
+                    model_cfg = configs[v.name].model_dump()
+                    identity = {
+                        "v": IDENTITY_VERSION,
+                        "variant": v.name,
+                        "model_variant": v.model_variant,
+                        "options": v.options,
+                        "model": model_cfg,
+                        "scale": scale,
+                        "seed": seed,
+                        "steps": steps,
+                        "train": train.model_dump(),
+                        "eval": [eval_every, study.eval.max_windows, study.eval.final_max_windows, study.eval.diagnostics],
+                        "corpus": study.corpus.model_dump(mode="json"),
+                        "tokenizer": study.tokenizer.model_dump(mode="json"),
+                    }
+                    tokens = steps * tps
+                    runs.append(
+                        RunSpec(
+                            study=study.name,
+                            run_id=run_identity(identity),
+                            variant=v.name,
+                            model_variant=v.model_variant,
+                            options=v.options,
+                            scale=scale,
+                            seed=seed,
+                            extend=e,
+                            model=model_cfg,
+                            n_params=c.n_params,
+                            n_params_total=c.n_params_total,
+                            flops_per_token=c.flops_per_token,
+                            steps=steps,
+                            tokens=tokens,
+                            total_flops=tokens * c.flops_per_token,
+                            train=train,
+                            eval_every_steps=eval_every,
+                            eval_max_windows=study.eval.max_windows,
+                            final_max_windows=study.eval.final_max_windows,
+                            diagnostics=study.eval.diagnostics,
+                            checkpoint_every_evals=study.eval.checkpoint_every_evals,
+                            corpus=study.corpus.model_dump(mode="json"),
+                            tokenizer=study.tokenizer.model_dump(mode="json"),
+                            resources=study.resources,
+                        )
+                    )
+    return runs

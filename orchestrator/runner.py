@@ -1,0 +1,268 @@
+"""Runner: schedules a study's runs on Ray, one Ray Train TorchTrainer per run.
+
+Order of work: plan -> MLflow experiment and the list of runs already there -> data
+preparation once per corpus as a Ray task -> one lightweight Ray task per run that owns a
+TorchTrainer (workers sized from the spec; Ray places them as resources free up) -> live
+progress from the ``ProgressBoard`` actor -> final states read back from MLflow.
+
+Idempotence: a run whose MLflow record (found by its ``run_id`` tag) is ``finished`` with the
+same data hash is skipped; an unfinished one is resumed: same MLflow run, same Ray Train
+run name and storage path, so Ray Train V2 hands the loop its latest checkpoint. A run whose
+resources can never fit the cluster is reported at once and not launched. A failing run is
+marked failed in MLflow and never takes the study down.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .planner import RunSpec, plan
+from .progress import board_name, get_board
+from .spec import Study
+from .tracking import (STATUS_FAILED, STATUS_FINISHED, client_for, create_run, ensure_experiment, find_train_runs,
+                       run_status, set_status)
+
+
+@dataclass
+class StudyResult:
+    """What happened to each planned run: ``status`` maps run_id -> finished / failed /
+    skipped / unschedulable; ``reasons`` holds why a run failed or was not launched."""
+
+    status: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    trained: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(s in ("finished", "skipped") for s in self.status.values())
+
+
+def init_ray(address: str | None = None, verbose: bool = False) -> None:
+    """Join ``address`` (or RAY_ADDRESS), else start a local Ray; no-op when connected."""
+    if ray.is_initialized():
+        return
+    env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")} if not _has_cuda() else {}
+    ray.init(address=address or os.environ.get("RAY_ADDRESS"), namespace="qkstudy", log_to_driver=verbose,
+             runtime_env={"env_vars": env} if env else None, configure_logging=verbose,
+             logging_level="INFO" if verbose else "ERROR")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_demands(run: RunSpec) -> dict[str, float]:
+    """Resources one worker of ``run`` asks Ray for."""
+    r = run.resources
+    d = {"CPU": r.cpus_per_worker}
+    if r.gpus_per_worker:
+        d["GPU"] = r.gpus_per_worker
+    return d
+
+
+def unschedulable_reason(run: RunSpec, nodes: list[dict[str, float]]) -> str | None:
+    """Why ``run`` can never be placed on a cluster with these node resources (None: it can).
+
+    Each worker is one bundle that must fit on one node; all workers must fit at once
+    (Ray Train gangs them in a placement group), packed greedily over nodes.
+    """
+    demand = run_demands(run)
+    free = [dict(n) for n in nodes]
+    for w in range(run.resources.workers):
+        for n in free:
+            if all(n.get(k, 0.0) + 1e-9 >= v for k, v in demand.items()):
+                for k, v in demand.items():
+                    n[k] = n.get(k, 0.0) - v
+                break
+        else:
+            total = {k: sum(n.get(k, 0.0) for n in nodes) for k in demand}
+            return (f"needs {run.resources.workers} workers x {demand}, but the cluster has "
+                    f"{len(nodes)} node(s) with {total} in all; worker {w + 1} fits nowhere")
+    return None
+
+
+def _alive_nodes() -> list[dict[str, float]]:
+    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+
+
+@ray.remote(num_cpus=1)
+def _prepare_task(corpus: dict, tokenizer: dict, cache_root: str | None) -> dict[str, Any]:
+    from data_pipeline import CorpusConfig, TokenizerConfig, prepare
+
+    p = prepare(CorpusConfig.model_validate(corpus), TokenizerConfig.model_validate(tokenizer), cache_root, progress=False)
+    return {"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size}
+
+
+def prepare_data(study: Study) -> dict[str, Any]:
+    """Prepare (or find cached) the study's corpus as one Ray task; returns path and hash."""
+    cache_root = os.environ.get("QKSTUDY_CACHE")
+    return ray.get(_prepare_task.remote(study.corpus.model_dump(mode="json"), study.tokenizer.model_dump(mode="json"), cache_root))
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _fit_run(run_dict: dict, data_path: str, tracking_uri: str, mlflow_run_id: str, storage_path: str,
+             board: str | None) -> dict[str, str]:
+    """Owns one run's TorchTrainer. Any failure is recorded in MLflow, never raised."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from .worker import train_loop_per_worker
+
+    run = RunSpec.model_validate(run_dict)
+    res = run.resources
+    use_gpu = res.gpus_per_worker > 0
+    worker_res = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"run": run_dict, "data_path": data_path, "tracking_uri": tracking_uri,
+                           "mlflow_run_id": mlflow_run_id, "board": board},
+        scaling_config=ScalingConfig(num_workers=res.workers, use_gpu=use_gpu, resources_per_worker=worker_res),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        run_config=RunConfig(name=run.run_id, storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=res.max_retries),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+    )
+    client = client_for(tracking_uri)
+    try:
+        trainer.fit()
+    except Exception as e:  # noqa: BLE001 - a failing run never takes the study down
+        reason = f"{type(e).__name__}: {e}"
+        cause = getattr(e, "__cause__", None) or getattr(e, "worker_failures", None)
+        if cause:
+            reason += f" (cause: {cause})"
+        set_status(client, mlflow_run_id, STATUS_FAILED, reason=reason)
+        return {"status": STATUS_FAILED, "reason": reason}
+    status = run_status(client.get_run(mlflow_run_id))
+    reason = client.get_run(mlflow_run_id).data.tags.get("failure_reason", "")
+    return {"status": status, "reason": reason}
+
+
+def run_study(study: Study, *, address: str | None = None, console: Console | None = None,
+              verbose: bool = False, max_in_flight: int | None = None) -> StudyResult:
+    """Train every planned run of ``study`` that is not already finished.
+
+    Args:
+        address: Ray cluster address (else RAY_ADDRESS, else a local Ray).
+        max_in_flight: runs handed to Ray at once (default: twice what the cluster can hold
+            at once, at least 2); a memory guard for the per-run driver tasks, Ray still
+            decides placement.
+
+    Returns:
+        StudyResult with every run's final state (also in MLflow, which is the record).
+    """
+    console = console or Console(stderr=True)
+    t0 = time.time()
+    runs = plan(study)
+    result = StudyResult()
+    uri = study.resolved_tracking_uri
+    if uri.startswith("sqlite:///"):
+        study.workdir_path.mkdir(parents=True, exist_ok=True)
+    client = client_for(uri)
+    exp_id = ensure_experiment(client, study.name)
+    existing = find_train_runs(client, exp_id)
+
+    init_ray(address, verbose)
+    nodes = _alive_nodes()
+    console.print(f"[bold]{study.name}[/]: {len(runs)} planned runs; MLflow {uri}")
+    with console.status("preparing data (Ray task)"):
+        data = prepare_data(study)
+    console.print(f"data: {data['path']} (content {data['content_hash'][:12]})")
+
+    todo: list[tuple[RunSpec, str]] = []
+    for run in runs:
+        prev = existing.get(run.run_id)
+        if prev is not None and run_status(prev) == STATUS_FINISHED and prev.data.params.get("data_hash") == data["content_hash"]:
+            result.status[run.run_id] = "skipped"
+            continue
+        reason = unschedulable_reason(run, nodes)
+        if reason:
+            result.status[run.run_id], result.reasons[run.run_id] = "unschedulable", reason
+            console.print(f"[red]unschedulable[/] {run.run_name}: {reason}")
+            continue
+        if prev is not None and prev.data.params.get("data_hash") == data["content_hash"]:
+            mlflow_id = prev.info.run_id  # resume: the same MLflow run and Ray Train run name
+            set_status(client, mlflow_id, "running")
+        else:
+            if prev is not None:  # finished on other data: keep it, but it no longer counts
+                client.set_tag(prev.info.run_id, "qkstudy.kind", "stale")
+            mlflow_id = create_run(client, exp_id, run, {"data_hash": data["content_hash"], "data_path": data["path"]})
+        todo.append((run, mlflow_id))
+    skipped = sum(1 for s in result.status.values() if s == "skipped")
+    if skipped:
+        console.print(f"{skipped} run(s) already finished in MLflow: skipped")
+
+    if todo:
+        _launch_and_watch(study, todo, data, uri, result, console, nodes, max_in_flight)
+    result.wall_s = time.time() - t0
+    return result
+
+
+def _capacity(run: RunSpec, nodes: list[dict[str, float]]) -> int:
+    """How many copies of ``run`` the cluster holds at once (at least 1)."""
+    n, free = 0, [dict(x) for x in nodes]
+    demand = run_demands(run)
+    while n < 1024:
+        placed = 0
+        for _ in range(run.resources.workers):
+            for node in free:
+                if all(node.get(k, 0.0) + 1e-9 >= v for k, v in demand.items()):
+                    for k, v in demand.items():
+                        node[k] -= v
+                    placed += 1
+                    break
+        if placed < run.resources.workers:
+            break
+        n += 1
+    return max(1, n)
+
+
+def _launch_and_watch(study: Study, todo: list[tuple[RunSpec, str]], data: dict[str, Any], uri: str,
+                      result: StudyResult, console: Console, nodes: list[dict[str, float]],
+                      max_in_flight: int | None) -> None:
+    board = get_board(study.name)
+    bname = board_name(study.name)
+    limit = max_in_flight or max(2, 2 * _capacity(todo[0][0], nodes))
+    pending = list(todo)
+    in_flight: dict[Any, RunSpec] = {}
+    storage = study.resolved_storage_path
+    total_tokens = sum(r.tokens for r, _ in todo)
+    with Progress(TextColumn("{task.description}", justify="left"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False) as bar:
+        overall = bar.add_task(f"[bold]study {study.name}", total=total_tokens, info="")
+        tasks = {r.run_id: bar.add_task(f"  {r.run_name}", total=r.tokens, info="queued") for r, _ in todo}
+        done_tokens: dict[str, int] = {}
+        while pending or in_flight:
+            while pending and len(in_flight) < limit:
+                run, mlflow_id = pending.pop(0)
+                ref = _fit_run.remote(run.model_dump(mode="json"), data["path"], uri, mlflow_id, storage, bname)
+                in_flight[ref] = run
+            ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=1.0)
+            snap = ray.get(board.snapshot.remote())
+            for run_id, s in snap.items():
+                if run_id in tasks:
+                    loss = f" loss {s['loss']:.3f}" if "loss" in s else ""
+                    bar.update(tasks[run_id], completed=s.get("tokens", 0), info=f"{s.get('state', '')}{loss}")
+                    done_tokens[run_id] = s.get("tokens", 0)
+            for ref in ready:
+                run = in_flight.pop(ref)
+                out = ray.get(ref)
+                result.status[run.run_id] = out["status"]
+                result.trained.append(run.run_id)
+                if out["status"] != STATUS_FINISHED:
+                    result.reasons[run.run_id] = out.get("reason", "")
+                    bar.update(tasks[run.run_id], info=f"[red]{out['status']}[/]")
+                    console.print(f"[red]{run.run_name} {out['status']}[/]: {out.get('reason', '')[:300]}")
+                else:
+                    done_tokens[run.run_id] = run.tokens
+                    bar.update(tasks[run.run_id], completed=run.tokens, info="[green]finished[/]")
+            bar.update(overall, completed=sum(done_tokens.values()))

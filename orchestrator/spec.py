@@ -1,0 +1,312 @@
+"""Study specs: the YAML files in ``jobs/`` parsed into pydantic models.
+
+A spec names only what the study varies (scales, variants, seeds, budget, corpus); the rest
+comes from the recipe (``orchestrator.recipe``) and the model presets. Validation is total
+and happens before anything runs: an unknown variant option fails here, not an hour into a
+cluster job. ``load_spec`` collects every error with its file and field path so the CLI can
+print them all and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from data_pipeline import CorpusConfig, TokenizerConfig
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be used. ``problems`` holds (field path, message) pairs."""
+
+    def __init__(self, path: str | Path, problems: list[tuple[str, str]]):
+        self.path = str(path)
+        self.problems = problems
+        lines = [f"{self.path}: {loc}: {msg}" if loc else f"{self.path}: {msg}" for loc, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class VariantSpec(_Strict):
+    """One arm of the study.
+
+    ``name`` is the label that MLflow's ``variant`` tag and the report use; ``kind`` is the
+    model variant (``model.VARIANTS``), defaulting to ``name``; ``options`` are passed to
+    ``model.build_config`` (e.g. ``integrator: leapfrog``, ``n_steps: 3``).
+    """
+
+    name: str
+    kind: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def model_variant(self) -> str:
+        return self.kind or self.name
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("variant names use letters, digits, '_', '.', '-' (at most 64)")
+        return v
+
+
+class BudgetSpec(_Strict):
+    """How long each run trains.
+
+    ``mode``: ``tokens`` gives every variant the same tokens; ``flops`` gives every variant
+    the reference variant's FLOPs (tokens_v = C / flops_per_token_v); ``wallclock`` gives
+    every variant the reference's wall-clock at a measured or declared throughput.
+    Size (exactly one): ``tokens`` (an int, or a mapping scale -> int) for the reference
+    variant, or ``tokens_per_param`` (D = k * N, N non-embedding, of the reference variant).
+    ``throughput``: declared tokens/s per variant name (used by ``wallclock`` and for the
+    device-hours estimate of ``qkstudy plan``); measured by calibration when absent.
+    """
+
+    mode: Literal["tokens", "flops", "wallclock"] = "flops"
+    tokens: int | dict[str, int] | None = None
+    tokens_per_param: float | None = None
+    throughput: dict[str, float] | None = None
+
+    @model_validator(mode="after")
+    def _one_size(self) -> "BudgetSpec":
+        if (self.tokens is None) == (self.tokens_per_param is None):
+            raise ValueError("give exactly one of budget.tokens or budget.tokens_per_param")
+        values = self.tokens.values() if isinstance(self.tokens, dict) else [self.tokens]
+        for v in values:
+            if v is not None and v <= 0:
+                raise ValueError(f"budget tokens must be positive, got {v}")
+        if self.tokens_per_param is not None and not self.tokens_per_param > 0:
+            raise ValueError(f"budget.tokens_per_param must be positive, got {self.tokens_per_param}")
+        for k, v in (self.throughput or {}).items():
+            if not v > 0:
+                raise ValueError(f"budget.throughput[{k}] must be positive tokens/s, got {v}")
+        return self
+
+
+class TrainSpec(_Strict):
+    """Optimizer and schedule. ``None`` fields come from the scale's recipe.
+
+    ``global_batch`` is in sequences per optimizer step (all workers); ``micro_batch`` is the
+    per-worker ceiling; gradient accumulation is derived (see ``orchestrator.batching``).
+    ``schedule``: ``cosine`` (linear warmup, cosine to ``min_lr_ratio`` x peak) or ``wsd``
+    (warmup, stable, then linear decay over the last ``decay_fraction`` of steps).
+    """
+
+    seq_len: int | None = Field(default=None, gt=0)
+    global_batch: int | None = Field(default=None, gt=0)
+    micro_batch: int | None = Field(default=None, gt=0)
+    lr: float | None = Field(default=None, gt=0)
+    schedule: Literal["cosine", "wsd"] = "cosine"
+    warmup_fraction: float = Field(default=0.05, ge=0, lt=1)
+    decay_fraction: float = Field(default=0.2, gt=0, le=1)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.1, ge=0)
+    grad_clip: float = Field(default=1.0, ge=0)
+    log_every_steps: int = Field(default=10, gt=0)
+
+
+class EvalSpec(_Strict):
+    """Evaluation cadence.
+
+    Val loss is measured every ``every_tokens`` tokens (default: ``num_evals`` evenly spaced
+    points), on a fixed subset of at most ``max_windows`` validation windows; at the end a
+    full validation pass over at most ``final_max_windows`` windows (None: all of them).
+    Checkpoints are written at every ``checkpoint_every_evals``-th evaluation.
+    """
+
+    every_tokens: int | None = Field(default=None, gt=0)
+    num_evals: int = Field(default=10, gt=0)
+    max_windows: int = Field(default=64, gt=0)
+    final_max_windows: int | None = Field(default=None, gt=0)
+    diagnostics: bool = True
+    checkpoint_every_evals: int = Field(default=1, gt=0)
+
+
+class ResourcesSpec(_Strict):
+    """Per-run resources: Ray Train workers and what each takes; DeepSpeed ZeRO stage."""
+
+    workers: int = Field(default=1, gt=0)
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    gpus_per_worker: float = Field(default=0.0, ge=0)
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    max_retries: int = Field(default=1, ge=0)
+
+
+class Study(_Strict):
+    """A whole study: every field of a ``jobs/*.yaml`` file."""
+
+    name: str
+    description: str = ""
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    scales: list[str] = Field(min_length=1)
+    variants: list[VariantSpec] = Field(min_length=1)
+    reference: str = "standard"
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    budget: BudgetSpec
+    extend: list[float] = Field(default_factory=list)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    workdir: str | None = None
+    tracking_uri: str | None = None
+    storage_path: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("study names use letters, digits, '_', '.', '-' (at most 64), starting alphanumeric")
+        return v
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _short_variants(cls, v: Any) -> Any:
+        # `- standard` is shorthand for `- {name: standard}`.
+        if isinstance(v, list):
+            return [{"name": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @field_validator("scales")
+    @classmethod
+    def _scales_known(cls, v: list[str]) -> list[str]:
+        from model import PRESETS
+
+        from .recipe import RECIPES
+
+        for s in v:
+            if s not in PRESETS or s not in RECIPES:
+                raise ValueError(f"unknown scale {s!r}; allowed: {', '.join(p for p in PRESETS if p in RECIPES)}")
+        if len(set(v)) != len(v):
+            raise ValueError("scales repeat")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_unique(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v) or any(s < 0 for s in v):
+            raise ValueError("seeds must be distinct non-negative integers")
+        return v
+
+    @field_validator("extend")
+    @classmethod
+    def _extend_ok(cls, v: list[float]) -> list[float]:
+        for e in v:
+            if not (math.isfinite(e) and e > 1):
+                raise ValueError(f"extend multipliers must be > 1 (the planned run is 1), got {e}")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Study":
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"variant names repeat: {names}")
+        if self.reference not in names:
+            raise ValueError(f"reference {self.reference!r} is not one of the variants {names}")
+        if isinstance(self.budget.tokens, dict):
+            missing = [s for s in self.scales if s not in self.budget.tokens]
+            if missing:
+                raise ValueError(f"budget.tokens has no entry for scales {missing}")
+        if self.budget.mode == "wallclock" and self.budget.throughput is not None:
+            missing = [n for n in names if n not in self.budget.throughput]
+            if missing:
+                raise ValueError(f"budget.throughput has no tokens/s for variants {missing}")
+        return self
+
+    @property
+    def workdir_path(self) -> Path:
+        """Where the study's embedded state lives (MLflow SQLite, Ray storage): ``runs/<name>``."""
+        return Path(self.workdir or Path("runs") / self.name).resolve()
+
+    @property
+    def resolved_tracking_uri(self) -> str:
+        """The MLflow tracking URI: the spec's, else a SQLite file in the work dir."""
+        return self.tracking_uri or f"sqlite:///{self.workdir_path / 'mlflow.db'}"
+
+    @property
+    def resolved_storage_path(self) -> str:
+        """Ray Train storage (checkpoints): the spec's path or URI, else ``<workdir>/ray``."""
+        return self.storage_path or str(self.workdir_path / "ray")
+
+
+def _check_variant_options(study: Study) -> list[tuple[str, str]]:
+    """Build every (variant, scale) model config once so bad options fail at validation."""
+    from model import VARIANTS, build_config
+
+    problems = []
+    for i, v in enumerate(study.variants):
+        if v.model_variant not in VARIANTS:
+            field = "kind" if v.kind else "name"
+            problems.append((f"variants[{i}].{field}", f"unknown variant {v.model_variant!r}; allowed: {', '.join(VARIANTS)}"))
+            continue
+        try:
+            build_config(study.scales[0], v.model_variant, vocab_size=study.tokenizer.vocab_size, **v.options)
+        except (ValueError, TypeError) as e:
+            problems.append((f"variants[{i}].options", str(e)))
+    return problems
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "function-before") or str(part).startswith(("function-", "tagged-union")):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_spec(data: Any, path: str | Path = "<spec>") -> Study:
+    """Validate an already-loaded mapping as a Study; raises SpecError with every problem."""
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
+        raise SpecError(path, [("", f"the spec is {kind}; expected a YAML mapping with name, scales, variants, budget")])
+    try:
+        study = Study.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            elif err["type"] == "literal_error":
+                msg = f"{msg} (got {err.get('input')!r})"
+            problems.append((_loc(err["loc"]), msg))
+        raise SpecError(path, problems) from None
+    problems = _check_variant_options(study)
+    if problems:
+        raise SpecError(path, problems)
+    return study
+
+
+def load_spec(path: str | Path) -> Study:
+    """Read and validate a study spec file.
+
+    Raises:
+        SpecError: the file is missing, unreadable, not YAML, empty, or fails validation;
+            the message names the file and every bad field with the allowed values.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(p, [("", "no such file" if not p.exists() else "not a regular file")])
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(p, [("", f"invalid YAML{where}: {getattr(e, 'problem', e)}")]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(p, [("", f"cannot read: {e}")]) from None
+    return parse_spec(data, p)

@@ -1,0 +1,264 @@
+"""The training loop that runs inside each Ray Train worker.
+
+Each worker builds the run's model, wraps it in a DeepSpeed engine (ZeRO stage from the
+spec), and trains exactly ``RunSpec.steps`` optimizer steps over the loader's global batches,
+taking its rank's slice. Rank 0 alone talks to MLflow (batched ``log_batch``, step = tokens
+seen). Checkpoints: every rank saves its own DeepSpeed shard into one directory with the
+loop state (step, wall time, MLflow run id) and ``ray.train.report`` merges them into one Ray
+Train checkpoint on the study's storage. On a restart (a worker retried by Ray's
+FailureConfig, or the study resubmitted under the same run name) the loop loads the latest
+checkpoint itself and continues the same MLflow run; points at steps already in MLflow are
+dropped, so no step is logged twice. A non-finite loss or gradient norm ends the run as
+failed (reason and tokens in MLflow) without raising, so Ray does not retry a divergence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from .optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
+from .planner import RunSpec
+from .progress import report_progress
+from .tracking import STATUS_FAILED, STATUS_FINISHED, MetricBuffer, client_for, last_logged_step, set_status
+
+STATE_FILE = "qkstudy_state.json"
+CKPT_TAG = "ckpt"
+
+# Peak dense bf16 FLOP/s per device, for MFU (vendor datasheets).
+_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+
+
+def _peak_flops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in _PEAK_FLOPS.items() if k in name), None)
+
+
+class _Dist:
+    """Thin collective helpers that also work with a single, non-distributed process."""
+
+    def __init__(self) -> None:
+        self.on = torch.distributed.is_available() and torch.distributed.is_initialized()
+
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        if self.on:
+            torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def barrier(self) -> None:
+        if self.on:
+            torch.distributed.barrier()
+
+
+class RunLoop:
+    """One worker's share of a run. ``rank``/``world_size`` come from the Ray Train context."""
+
+    def __init__(self, run: RunSpec, data_path: str, tracking_uri: str, mlflow_run_id: str,
+                 rank: int, world_size: int, board: str | None = None):
+        self.run, self.rank, self.world = run, rank, world_size
+        self.data_path, self.tracking_uri, self.mlflow_run_id, self.board = data_path, tracking_uri, mlflow_run_id, board
+        self.dist = _Dist()
+        self.on_gpu = torch.cuda.is_available() and run.resources.gpus_per_worker > 0
+        self.geom = batch_geometry(run.train.global_batch, world_size, run.train.micro_batch)
+
+    # -- setup -------------------------------------------------------------------------
+    def _build(self) -> None:
+        import deepspeed
+
+        from data_pipeline import TokenLoader
+        from model import GPT, ModelConfig
+
+        r, t = self.run, self.run.train
+        torch.manual_seed(r.seed)
+        model = GPT(ModelConfig(**r.model))
+        self.train_loader = TokenLoader(self.data_path, "train", t.seq_len, t.global_batch, r.seed)
+        self.val_loader = TokenLoader(self.data_path, "val", t.seq_len, t.global_batch, 0)
+        optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=tuple(t.betas),
+                                      fused=False, foreach=True)
+        schedule = lambda step: lr_multiplier(step, r.steps, t.warmup_steps, t.schedule, t.min_lr_ratio, t.decay_fraction)  # noqa: E731
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        cfg = deepspeed_config(self.geom, r.resources.zero_stage, t.grad_clip, self.on_gpu)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg, dist_init_required=False
+        )
+        self.device = self.engine.device
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.on_gpu else nullcontext()
+
+    def _restore(self) -> dict[str, Any]:
+        """Load the latest Ray Train checkpoint, if any; return the loop state it holds."""
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint() if _in_ray_train() else None
+        if ckpt is None:
+            return {"step": 0, "wall_s": 0.0, "evals": 0}
+        with ckpt.as_directory() as d:
+            self.engine.load_checkpoint(d, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+            state = json.loads((Path(d) / STATE_FILE).read_text())
+        if state["mlflow_run_id"] != self.mlflow_run_id:
+            # The checkpoint is the record of truth: continue the MLflow run it was writing.
+            self.mlflow_run_id = state["mlflow_run_id"]
+        return state
+
+    # -- pieces of a step ----------------------------------------------------------------
+    def _train_step(self, step: int) -> tuple[float, float]:
+        x, y = self.train_loader.xy(step, self.rank, self.world)
+        mb = self.geom.micro_batch
+        losses = []
+        for i in range(self.geom.grad_accum):
+            xb = x[i * mb:(i + 1) * mb].to(self.device)
+            yb = y[i * mb:(i + 1) * mb].to(self.device)
+            with self.autocast:
+                _, loss = self.engine(xb, yb)
+            self.engine.backward(loss)
+            self.engine.step()
+            losses.append(loss.detach().float().item())
+        (loss_sum,) = self.dist.sum([sum(losses) / len(losses)], self.device)
+        gn = self.engine.get_global_grad_norm()
+        grad_norm = float(gn) if gn is not None else float("nan")
+        return loss_sum / self.world, grad_norm
+
+    @torch.no_grad()
+    def _evaluate(self, max_windows: int | None) -> float:
+        """Mean val loss (nats/token) over the fixed val subset, split evenly over ranks."""
+        self.engine.eval()
+        n_windows = self.val_loader.num_windows if max_windows is None else min(max_windows, self.val_loader.num_windows)
+        n_windows -= n_windows % self.world  # equal work per rank: ZeRO-3 forwards are collective
+        total, count = 0.0, 0.0
+        for x, y in _rank_slice(self.val_loader.eval_xy(n_windows, self.geom.micro_batch * self.world), self.rank, self.world):
+            x, y = x.to(self.device), y.to(self.device)
+            with self.autocast:
+                _, loss = self.engine(x, y)
+            n = float((y != -100).sum())
+            total += float(loss) * n
+            count += n
+        total, count = self.dist.sum([total, count], self.device)
+        self.engine.train()
+        return total / max(count, 1.0)
+
+    @torch.no_grad()
+    def _diagnostics(self) -> dict[str, float]:
+        from model.diagnostics import attention_diagnostics
+
+        self.engine.eval()
+        x, _ = next(iter(self.val_loader.eval_xy(2, 2)))
+        out = attention_diagnostics(self.engine.module, x.to(self.device))
+        self.engine.train()
+        return out
+
+    def _checkpoint(self, state: dict[str, Any], metrics: dict[str, float]) -> None:
+        import ray.train
+
+        with tempfile.TemporaryDirectory(prefix="qkstudy-ckpt-") as d:
+            self.engine.save_checkpoint(d, tag=CKPT_TAG)
+            if self.rank == 0:
+                tmp = Path(d) / (STATE_FILE + ".tmp")
+                tmp.write_text(json.dumps(state))
+                tmp.rename(Path(d) / STATE_FILE)
+            self.dist.barrier()
+            if _in_ray_train():
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+
+    # -- the loop --------------------------------------------------------------------------
+    def run_loop(self) -> str:
+        """Train to the planned budget; returns the final status (finished / failed)."""
+        self._build()
+        state = self._restore()
+        r = self.run
+        tps = r.train.tokens_per_step
+        client = metrics = None
+        if self.rank == 0:
+            client = client_for(self.tracking_uri)
+            metrics = MetricBuffer(client, self.mlflow_run_id, resume_after=last_logged_step(client, self.mlflow_run_id))
+        step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
+        t_last, tok_last = time.perf_counter(), step * tps
+        peak = _peak_flops()
+        self.engine.train()
+        while step < r.steps:
+            t0 = time.perf_counter()
+            loss, grad_norm = self._train_step(step)
+            step += 1
+            wall_s += time.perf_counter() - t0
+            tokens = step * tps
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                reason = f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at step {step} ({tokens} tokens): loss={loss}, grad_norm={grad_norm}"
+                if self.rank == 0:
+                    metrics.flush()
+                    set_status(client, self.mlflow_run_id, STATUS_FAILED, reason=reason, tokens=tokens)
+                    report_progress(self.board, r.run_id, tokens=tokens, planned=r.tokens, state="failed")
+                return STATUS_FAILED
+            is_last = step == r.steps
+            is_eval = step % r.eval_every_steps == 0 or is_last
+            if self.rank == 0 and (step % r.train.log_every_steps == 0 or is_eval):
+                dt = max(time.perf_counter() - t_last, 1e-9)
+                thr = (tokens - tok_last) / dt
+                t_last, tok_last = time.perf_counter(), tokens
+                point = {"train/loss": loss, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
+                         "tokens": tokens, "flops": tokens * r.flops_per_token, "time/wall_s": wall_s,
+                         "throughput/tokens_per_s": thr}
+                if peak:
+                    point["throughput/mfu"] = thr * r.flops_per_token / (peak * self.world)
+                metrics.add(point, tokens)
+                report_progress(self.board, r.run_id, tokens=tokens, planned=r.tokens, loss=loss, state="running")
+            if is_eval:
+                val = self._evaluate(r.final_max_windows if is_last else r.eval_max_windows)
+                diag = self._diagnostics() if r.diagnostics else {}
+                evals += 1
+                if self.rank == 0:
+                    point = {"val/loss": val, "val/ppl": math.exp(min(val, 50.0)), **diag}
+                    if is_last:
+                        point.update({"final/val_loss": val, "final/val_ppl": math.exp(min(val, 50.0))})
+                    metrics.add(point, tokens)
+                    metrics.flush()
+                if not is_last and evals % r.checkpoint_every_evals == 0:
+                    st = {"step": step, "wall_s": wall_s, "evals": evals, "tokens": tokens,
+                          "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id}
+                    self._checkpoint(st, {"tokens": tokens, "val_loss": val})
+        if self.rank == 0:
+            metrics.flush()
+            set_status(client, self.mlflow_run_id, STATUS_FINISHED, tokens=step * tps)
+            report_progress(self.board, r.run_id, tokens=step * tps, planned=r.tokens, state="finished")
+        return STATUS_FINISHED
+
+
+def _rank_slice(batches: Iterator[tuple[torch.Tensor, torch.Tensor]], rank: int, world: int):
+    """Each rank takes every world-th row of every global eval batch (equal counts per rank)."""
+    for x, y in batches:
+        n = x.shape[0] - x.shape[0] % world
+        if n == 0:
+            continue
+        yield x[rank:n:world], y[rank:n:world]
+
+
+def _in_ray_train() -> bool:
+    try:
+        import ray.train
+
+        ray.train.get_context()
+        return True
+    except Exception:
+        return False
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train entry point. ``config``: run (RunSpec as dict), data_path, tracking_uri,
+    mlflow_run_id, board (progress actor name or None)."""
+    import ray.train
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    ctx = ray.train.get_context()
+    loop = RunLoop(RunSpec.model_validate(config["run"]), config["data_path"], config["tracking_uri"],
+                   config["mlflow_run_id"], ctx.get_world_rank(), ctx.get_world_size(), config.get("board"))
+    status = loop.run_loop()
+    ray.train.report({"status": status, "tokens": loop.run.tokens if status == STATUS_FINISHED else -1})
