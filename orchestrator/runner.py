@@ -236,9 +236,15 @@ def _launch_and_watch(study: Study, todo: list[tuple[RunSpec, str]], data: dict[
     in_flight: dict[Any, RunSpec] = {}
     storage = study.resolved_storage_path
     total_tokens = sum(r.tokens for r, _ in todo)
+    # A terminal gets live bars; a log (CI, `| tee`) gets a line per finished run and a
+    # study-level line every 30 s instead of bars that render only at the end.
+    live = console.is_terminal
+    last_line = time.time()
     with Progress(TextColumn("{task.description}", justify="left"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False) as bar:
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False,
+                  disable=not live) as bar:
         overall = bar.add_task(f"[bold]study {study.name}", total=total_tokens, info="")
+        names = {r.run_id: r.run_name for r, _ in todo}
         tasks = {r.run_id: bar.add_task(f"  {r.run_name}", total=r.tokens, info="queued") for r, _ in todo}
         done_tokens: dict[str, int] = {}
         while pending or in_flight:
@@ -265,4 +271,12 @@ def _launch_and_watch(study: Study, todo: list[tuple[RunSpec, str]], data: dict[
                 else:
                     done_tokens[run.run_id] = run.tokens
                     bar.update(tasks[run.run_id], completed=run.tokens, info="[green]finished[/]")
+                    if not live:
+                        console.print(f"finished {run.run_name} ({run.tokens:,} tokens)")
             bar.update(overall, completed=sum(done_tokens.values()))
+            if not live and time.time() - last_line > 30:
+                last_line = time.time()
+                running = ", ".join(f"{names.get(r, r)} {s_['tokens'] * 100 // max(s_['planned'], 1)}%"
+                                    for r, s_ in snap.items() if s_.get("state") == "running" and "planned" in s_)
+                console.print(f"study {study.name}: {sum(done_tokens.values()):,}/{total_tokens:,} tokens"
+                              + (f"; running: {running}" if running else ""))

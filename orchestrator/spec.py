@@ -59,6 +59,15 @@ class VariantSpec(_Strict):
             raise ValueError("variant names use letters, digits, '_', '.', '-' (at most 64)")
         return v
 
+    @model_validator(mode="after")
+    def _kind_known(self) -> "VariantSpec":
+        from model import VARIANTS
+
+        if self.model_variant not in VARIANTS:
+            field = "kind" if self.kind else "name"
+            raise ValueError(f"{field}: unknown variant {self.model_variant!r}; allowed: {', '.join(VARIANTS)}")
+        return self
+
 
 class BudgetSpec(_Strict):
     """How long each run trains.
@@ -241,18 +250,34 @@ class Study(_Strict):
 
 def _check_variant_options(study: Study) -> list[tuple[str, str]]:
     """Build every (variant, scale) model config once so bad options fail at validation."""
-    from model import VARIANTS, build_config
+    from model import build_config
 
     problems = []
     for i, v in enumerate(study.variants):
-        if v.model_variant not in VARIANTS:
-            field = "kind" if v.kind else "name"
-            problems.append((f"variants[{i}].{field}", f"unknown variant {v.model_variant!r}; allowed: {', '.join(VARIANTS)}"))
-            continue
         try:
             build_config(study.scales[0], v.model_variant, vocab_size=study.tokenizer.vocab_size, **v.options)
         except (ValueError, TypeError) as e:
             problems.append((f"variants[{i}].options", str(e)))
+    return problems
+
+
+def _check_corpus_paths(study: Study) -> list[tuple[str, str]]:
+    """Local corpus paths must exist now (URIs such as s3:// are checked when prepared)."""
+    import glob
+
+    problems = []
+
+    def check(corpus: CorpusConfig, where: str) -> None:
+        for field in ("paths", "val_paths"):
+            for i, p in enumerate(getattr(corpus, field)):
+                if "://" in p:
+                    continue
+                if not glob.glob(str(Path(p).expanduser()), recursive=True):
+                    problems.append((f"{where}.{field}[{i}]", f"no file or folder matches {p!r} (relative to {Path.cwd()})"))
+        for j, c in enumerate(corpus.components):
+            check(c.corpus, f"{where}.components[{j}].corpus")
+
+    check(study.corpus, "corpus")
     return problems
 
 
@@ -285,7 +310,7 @@ def parse_spec(data: Any, path: str | Path = "<spec>") -> Study:
                 msg = f"{msg} (got {err.get('input')!r})"
             problems.append((_loc(err["loc"]), msg))
         raise SpecError(path, problems) from None
-    problems = _check_variant_options(study)
+    problems = _check_variant_options(study) + _check_corpus_paths(study)
     if problems:
         raise SpecError(path, problems)
     return study

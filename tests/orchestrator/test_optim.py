@@ -1,0 +1,43 @@
+"""Batch geometry and learning-rate schedules."""
+
+import math
+
+import pytest
+
+from orchestrator.optim import batch_geometry, deepspeed_config, lr_multiplier
+
+
+@pytest.mark.parametrize("gb,world,mb,expect", [(16, 1, 16, (16, 1)), (16, 2, 16, (8, 1)), (32, 2, 6, (4, 4)),
+                                                 (512, 8, 32, (32, 2)), (12, 4, 2, (1, 3))])
+def test_batch_geometry(gb, world, mb, expect):
+    g = batch_geometry(gb, world, mb)
+    assert (g.micro_batch, g.grad_accum) == expect
+    assert g.micro_batch * g.grad_accum * g.world_size == gb
+
+
+def test_batch_geometry_rejects_indivisible():
+    with pytest.raises(ValueError, match="not divisible by 3 workers"):
+        batch_geometry(16, 3, 16)
+
+
+def test_cosine_schedule_shape():
+    f = [lr_multiplier(s, 100, 10, "cosine", 0.1, 0.2) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert f[10] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[10:], f[11:]))
+    assert f[55] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_multiplier(100, 100, 10, "cosine", 0.1, 0.2) == pytest.approx(0.1)
+
+
+def test_wsd_schedule_shape():
+    f = [lr_multiplier(s, 100, 5, "wsd", 0.0, 0.2) for s in range(100)]
+    assert f[4] == pytest.approx(1.0) and f[50] == 1.0 and f[79] == 1.0
+    assert f[80] == pytest.approx(1 - 1 / 20) and f[99] == pytest.approx(0.0)
+
+
+def test_deepspeed_config_precision_by_device():
+    g = batch_geometry(32, 2, 8)
+    cpu, gpu = deepspeed_config(g, 3, 1.0, False), deepspeed_config(g, 3, 1.0, True)
+    assert cpu["bf16"]["enabled"] is False and gpu["bf16"]["enabled"] is True
+    assert cpu["train_batch_size"] == 32 and cpu["gradient_accumulation_steps"] == 2
+    assert cpu["zero_optimization"]["stage"] == 3

@@ -1,0 +1,97 @@
+"""Planner: compute matching, extend runs, step rounding, run identity."""
+
+import json
+
+import pytest
+
+from model import build_config, count_model
+from orchestrator.planner import PlanError, plan
+from orchestrator.spec import parse_spec
+
+BASE = {
+    "name": "p",
+    "scales": ["cpu-xs", "cpu-s"],
+    "variants": ["standard", {"name": "coupled", "options": {"n_steps": 3}}, "differential"],
+    "seeds": [0, 1],
+    "budget": {"mode": "flops", "tokens": 1_000_000},
+    "extend": [2, 1.5, 3],
+}
+
+
+def _plan(**over):
+    return plan(parse_spec({**BASE, **over}))
+
+
+def test_flops_mode_matches_compute_within_one_step():
+    runs = _plan()
+    for scale in ("cpu-xs", "cpu-s"):
+        base = [r for r in runs if r.scale == scale and r.extend == 1]
+        ref = next(r for r in base if r.variant == "standard")
+        budget = ref.tokens * ref.flops_per_token
+        for r in base:
+            tps = r.train.tokens_per_step
+            assert abs(r.tokens * r.flops_per_token - budget) <= tps * r.flops_per_token
+            assert r.tokens % tps == 0 and r.steps * tps == r.tokens
+            assert r.total_flops == r.tokens * r.flops_per_token
+        coupled = next(r for r in base if r.variant == "coupled")
+        assert coupled.flops_per_token > ref.flops_per_token and coupled.tokens < ref.tokens
+
+
+def test_counts_come_from_the_model():
+    r = next(r for r in _plan() if r.variant == "coupled" and r.scale == "cpu-s")
+    c = count_model(build_config("cpu-s", "coupled", vocab_size=4096, seq_len=r.train.seq_len, n_steps=3))
+    assert (r.n_params, r.n_params_total, r.flops_per_token) == (c.n_params, c.n_params_total, c.flops_per_token)
+
+
+def test_extend_runs_only_for_reference_and_multiply_tokens():
+    runs = _plan()
+    assert len(runs) == 2 * 2 * (4 + 1 + 1)  # scales x seeds x (ref 1+3 extends, coupled, differential)
+    for scale in ("cpu-xs", "cpu-s"):
+        ref = {r.extend: r.tokens for r in runs if r.scale == scale and r.variant == "standard" and r.seed == 0}
+        assert sorted(ref) == [1, 1.5, 2, 3]
+        tps = next(r for r in runs if r.scale == scale).train.tokens_per_step
+        for e in (1.5, 2, 3):
+            assert abs(ref[e] - e * ref[1]) <= tps
+    assert {r.extend for r in runs if r.variant != "standard"} == {1.0}
+
+
+def test_tokens_mode_and_tokens_per_param():
+    runs = _plan(budget={"mode": "tokens", "tokens_per_param": 2.0}, extend=[])
+    for scale in ("cpu-xs", "cpu-s"):
+        same = {r.tokens for r in runs if r.scale == scale}
+        assert len(same) == 1
+        ref = next(r for r in runs if r.scale == scale and r.variant == "standard")
+        assert abs(ref.tokens - 2.0 * ref.n_params) <= ref.train.tokens_per_step
+
+
+def test_wallclock_mode_uses_declared_throughput():
+    runs = _plan(budget={"mode": "wallclock", "tokens": 1_000_000,
+                         "throughput": {"standard": 1000.0, "coupled": 500.0, "differential": 800.0}}, extend=[])
+    r = {x.variant: x.tokens for x in runs if x.scale == "cpu-xs" and x.seed == 0}
+    tps = runs[0].train.tokens_per_step
+    assert abs(r["coupled"] - r["standard"] / 2) <= tps and abs(r["differential"] - 0.8 * r["standard"]) <= tps
+
+
+def test_budget_below_one_step_is_a_plan_error():
+    with pytest.raises(PlanError, match="less than one optimizer step"):
+        _plan(budget={"mode": "tokens", "tokens": 10})
+
+
+def test_run_identity_is_stable_and_sensitive():
+    a = [r.run_id for r in _plan()]
+    assert a == [r.run_id for r in _plan()]
+    assert len(set(a)) == len(a)
+    # Resources do not change what a run computes: same ids.
+    assert a == [r.run_id for r in _plan(resources={"workers": 2, "zero_stage": 3})]
+    # Anything that does changes the id.
+    for over in ({"seeds": [5, 1]}, {"train": {"lr": 1e-3}}, {"tokenizer": {"vocab_size": 1024}},
+                 {"corpus": {"source": "stdlib", "max_documents": 10}}):
+        b = [r.run_id for r in _plan(**over)]
+        assert set(a) != set(b)
+
+
+def test_runspec_roundtrips_through_json():
+    from orchestrator.planner import RunSpec
+
+    r = _plan()[0]
+    assert RunSpec.model_validate(json.loads(r.model_dump_json())) == r

@@ -1,0 +1,92 @@
+"""Spec validation: every malformed spec gets a precise error and exit code 2, before Ray or MLflow."""
+
+from pathlib import Path
+
+import pytest
+import ray
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.spec import SpecError, load_spec
+
+GOOD = """\
+name: t
+scales: [cpu-xs]
+variants: [standard, {name: coupled, options: {integrator: leapfrog, n_steps: 2}}]
+budget: {mode: flops, tokens: 40960}
+"""
+
+MALFORMED = {
+    "missing_file": (None, "no such file"),
+    "invalid_yaml": ("name: t\nscales: [cpu-xs\n", "invalid YAML at line"),
+    "empty_file": ("", "the spec is empty"),
+    "unknown_field": (GOOD + "colour: blue\n", "colour: unknown field"),
+    "wrong_type": (GOOD.replace("seeds", "x") + "seeds: three\n", "seeds: Input should be a valid list"),
+    "unknown_variant": (GOOD.replace("standard,", "standard, banana,"), "variants[1]: name: unknown variant 'banana'; allowed: standard, coupled"),
+    "unknown_scale": (GOOD.replace("cpu-xs", "cpu-xxl"), "scales: unknown scale 'cpu-xxl'; allowed: cpu-xs"),
+    "negative_budget": (GOOD.replace("40960", "-5"), "budget: budget tokens must be positive, got -5"),
+    "impossible_resources": (GOOD + "resources: {workers: 0, zero_stage: 5}\n", "resources.workers: Input should be greater than 0"),
+    "missing_corpus": (GOOD + "corpus: {source: text, paths: [does/not/exist/*.txt]}\n", "corpus.paths[0]: no file or folder matches 'does/not/exist/*.txt'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_spec_exits_2_with_precise_error(case, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text, expected = MALFORMED[case]
+    spec = tmp_path / f"{case}.yaml"
+    if text is not None:
+        spec.write_text(text)
+    for cmd in (["validate", str(spec)], ["plan", str(spec)], ["run", str(spec)]):
+        res = CliRunner().invoke(app, cmd)
+        assert res.exit_code == 2, (cmd, res.output)
+        assert str(spec) in res.output and expected in res.output.replace("\n", ""), res.output
+    assert not ray.is_initialized()
+    assert not list(tmp_path.rglob("mlflow.db")) and not (tmp_path / "runs").exists()
+
+
+def test_impossible_resources_lists_every_problem(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(GOOD + "resources: {workers: 0, zero_stage: 5}\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(spec)
+    locs = [loc for loc, _ in e.value.problems]
+    assert locs == ["resources.workers", "resources.zero_stage"]
+    assert "Input should be 0, 1, 2 or 3 (got 5)" in str(e.value)
+
+
+def test_bad_variant_option_names_allowed_options(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(GOOD.replace("integrator: leapfrog", "integrator: rk4"))
+    with pytest.raises(SpecError) as e:
+        load_spec(spec)
+    assert e.value.problems[0][0] == "variants[1].options"
+    assert "rk4" in str(e.value)
+
+
+def test_reference_must_be_a_variant(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(GOOD + "reference: differential\n")
+    with pytest.raises(SpecError, match="reference 'differential' is not one of the variants"):
+        load_spec(spec)
+
+
+def test_good_spec_defaults(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(GOOD)
+    s = load_spec(spec)
+    assert [v.name for v in s.variants] == ["standard", "coupled"]
+    assert s.variants[1].options == {"integrator": "leapfrog", "n_steps": 2}
+    assert s.corpus.source == "stdlib" and s.seeds == [0] and s.resources.zero_stage == 2
+    assert s.resolved_tracking_uri.startswith("sqlite:///") and s.resolved_tracking_uri.endswith("runs/t/mlflow.db")
+
+
+JOBS = sorted(Path(__file__).resolve().parents[2].joinpath("jobs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("job", JOBS, ids=[j.stem for j in JOBS])
+def test_every_job_validates_and_plans(job):
+    from orchestrator.planner import plan
+
+    runs = plan(load_spec(job))
+    assert runs and len({r.run_id for r in runs}) == len(runs)
