@@ -36,10 +36,14 @@ def lambda_init_fn(depth: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * depth)
 
 
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _causal_softmax(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Explicit causal attention probabilities; q, k [B, H, T, hd] -> [B, H, T, T] (float32)."""
+    """Explicit causal attention probabilities; q, k [B, H, T, hd] -> [B, H, T, T] (>= float32)."""
     T = q.shape[-2]
-    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = (_at_least_fp32(q) @ _at_least_fp32(k).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
@@ -97,8 +101,8 @@ class DifferentialScoring(nn.Module):
 
     def lambda_full(self) -> torch.Tensor:
         """Scalar lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init."""
-        l1 = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1).float())
-        l2 = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2).float())
+        l1 = torch.exp(_at_least_fp32(torch.sum(self.lambda_q1 * self.lambda_k1)))
+        l2 = torch.exp(_at_least_fp32(torch.sum(self.lambda_q2 * self.lambda_k2)))
         return l1 - l2 + self.lambda_init
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,206 @@
+"""Training-step benchmark of every attention variant at one preset (`make bench`).
+
+Times full optimizer steps (forward + backward + AdamW) of each variant on a fixed random
+batch. Variants run interleaved in the same process (each repeat times every variant once,
+in a rotated order, after warm-up), so load drift hits all of them alike; the ratio to
+`standard` is the median over repeats of the paired per-repeat ratios. The FLOP ratio from
+the analytic counts sits beside it: the wall-clock overhead of a variant should approach
+its FLOP overhead. A dated Markdown table (machine, torch, command) is appended to
+BENCHMARKS.md (written to a temp file, then renamed).
+
+    python -m model.bench [--preset cpu-s] [--variants standard coupled coupled:integrator=leapfrog]
+                          [--repeats 7] [--steps 3] [--batch-size 8] [--vocab-size 4096]
+
+A variant spec is NAME or NAME:opt=value,opt=value with options of `build_config`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model.gpt import GPT, count_model
+from model.presets import PRESETS, build_config
+
+DEFAULT_VARIANTS = ("standard", "coupled", "coupled:integrator=leapfrog", "uncoupled_mlp",
+                    "differential", "coupled_differential")
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
+    """'coupled:integrator=leapfrog,n_steps=2' -> ('coupled', {'integrator': 'leapfrog', 'n_steps': 2}).
+    Raises ValueError for an option without '='."""
+    name, _, rest = spec.partition(":")
+    opts: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"variant spec {spec!r}: option {item!r} is not key=value")
+        for cast in (int, float):
+            try:
+                opts[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            opts[key] = None if value == "None" else value
+    return name, opts
+
+
+@dataclass
+class BenchResult:
+    spec: str
+    step_s: float  # median seconds per optimizer step
+    tokens_per_s: float
+    ratio: float  # step time / standard step time (median of paired ratios)
+    flop_ratio: float  # analytic training FLOPs per token / standard's
+    flops_per_token: int
+    mfu: float | None
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        cpu += f"; GPU {torch.cuda.get_device_name()}"
+    return (f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, load avg {os.getloadavg()[0]:.2f}")
+
+
+def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_size: int,
+              vocab_size: int, seq_len: int | None, device: str, peak_tflops: float | None,
+              warmup: int = 2) -> list[BenchResult]:
+    """Time each variant spec (see module docstring); the first spec must be 'standard'."""
+    if specs[0] != "standard":
+        specs = ["standard", *[s for s in specs if s != "standard"]]
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else None
+    runs = []
+    for spec in specs:
+        name, opts = parse_variant(spec)
+        cfg = build_config(preset, name, vocab_size=vocab_size, seq_len=seq_len, **opts)
+        torch.manual_seed(0)
+        model = GPT(cfg).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        g = torch.Generator().manual_seed(0)
+        idx = torch.randint(0, vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
+        runs.append((spec, cfg, model, opt, idx))
+
+    def step(model, opt, idx):
+        opt.zero_grad(set_to_none=True)
+        if amp is not None:
+            with amp:
+                _, loss = model(idx[:, :-1], idx[:, 1:])
+        else:
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        opt.step()
+
+    def timed(run) -> float:
+        _, _, model, opt, idx = run
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step(model, opt, idx)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps
+
+    for run in runs:
+        for _ in range(warmup):
+            step(*run[2:])
+    times: list[list[float]] = [[] for _ in runs]
+    for r in range(repeats):
+        order = [(i + r) % len(runs) for i in range(len(runs))]  # rotate to cancel position bias
+        for i in order:
+            times[i].append(timed(runs[i]))
+
+    std_flops = count_model(runs[0][1]).flops_per_token
+    results = []
+    for (spec, cfg, *_), ts in zip(runs, times):
+        step_s = statistics.median(ts)
+        tokens_per_s = batch_size * cfg.seq_len / step_s
+        fpt = count_model(cfg).flops_per_token
+        results.append(BenchResult(
+            spec=spec, step_s=step_s, tokens_per_s=tokens_per_s,
+            ratio=statistics.median(t / t0 for t, t0 in zip(ts, times[0])),
+            flop_ratio=fpt / std_flops, flops_per_token=fpt,
+            mfu=fpt * tokens_per_s / (peak_tflops * 1e12) if peak_tflops else None))
+    return results
+
+
+def format_table(results: list[BenchResult]) -> str:
+    """Markdown table of results."""
+    mfu = any(r.mfu is not None for r in results)
+    head = "| variant | step (ms) | tokens/s | step ratio vs standard | FLOP ratio |" + (" MFU |" if mfu else "")
+    rows = [head, "|" + "---|" * (6 if mfu else 5)]
+    for r in results:
+        row = (f"| {r.spec} | {r.step_s * 1e3:.1f} | {r.tokens_per_s:,.0f} | {r.ratio:.3f} | "
+               f"{r.flop_ratio:.4f} |")
+        rows.append(row + (f" {r.mfu:.1%} |" if mfu else ""))
+    return "\n".join(rows)
+
+
+def append_markdown(path: Path, text: str) -> None:
+    """Append text to path atomically (temp file in the same folder, then rename)."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m model.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="cpu-s", choices=list(PRESETS))
+    p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--steps", type=int, default=3, help="timed optimizer steps per repeat")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    p.add_argument("--vocab-size", type=int, default=4096, help="the CPU runs' tokenizer size")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: preset's)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--peak-tflops", type=float, default=None, help="accelerator peak, for MFU")
+    p.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
+    p.add_argument("--no-append", action="store_true", help="print only")
+    args = p.parse_args(argv)
+    machine = _machine()
+    started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        results = run_bench(args.preset, args.variants, args.repeats, args.steps, args.batch_size,
+                            args.vocab_size, args.seq_len, args.device, args.peak_tflops)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    seq = args.seq_len or PRESETS[args.preset].seq_len
+    text = (f"## model.bench: preset {args.preset}, {started}\n\n"
+            f"Machine: {machine}.  \n"
+            f"Command: `{shlex.join(['python', '-m', 'model.bench', *(argv if argv is not None else sys.argv[1:])])}`  \n"
+            f"Setup: batch {args.batch_size} x {seq} tokens, vocab {args.vocab_size}, device {args.device}, "
+            f"AdamW; median of {args.repeats} interleaved repeats of {args.steps} steps; "
+            f"ratios are medians of paired per-repeat ratios; FLOP ratio = analytic training FLOPs/token.\n\n"
+            + format_table(results))
+    print(text)
+    if not args.no_append:
+        append_markdown(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""The QK transforms on their own: integrator algebra, invertibility, volume, f evaluations."""
+import pytest
+import torch
+from torch.autograd.functional import jacobian
+
+from model.coupled import CoupledQK, CouplingMLP, UncoupledQK
+
+H, D = 2, 3  # small dimensions: the full Jacobian is 12 x 12
+
+
+def make(integrator: str, n_steps: int = 1, sharing: str = "head", dt: float = 0.7) -> CoupledQK:
+    torch.manual_seed(0)
+    tr = CoupledQK(n_head=H, head_dim=D, hidden=5, sharing=sharing, n_steps=n_steps,
+                   dt_init=dt, integrator=integrator).double()
+    with torch.no_grad():
+        tr.dt.copy_(torch.tensor([[dt], [-0.4]], dtype=torch.float64))  # per-head, one negative
+    return tr
+
+
+def qk(seed: int = 1, shape=(2, 4, H, D)):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
+
+
+def test_euler_step_matches_its_definition():
+    tr = make("euler")
+    q, k = qk()
+    q1, k1 = tr(q, k)
+    torch.testing.assert_close(q1, q + tr.dt * k)
+    torch.testing.assert_close(k1, k + tr.dt * tr.f(q))
+
+
+def test_leapfrog_step_matches_stormer_verlet():
+    tr = make("leapfrog")
+    q, k = qk()
+    k_half = k + tr.dt / 2 * tr.f(q)
+    q1 = q + tr.dt * k_half
+    k1 = k_half + tr.dt / 2 * tr.f(q1)
+    out = tr(q, k)
+    torch.testing.assert_close(out[0], q1)
+    torch.testing.assert_close(out[1], k1)
+
+
+def leapfrog_inverse(tr: CoupledQK, q: torch.Tensor, k: torch.Tensor):
+    for _ in range(tr.n_steps):  # undo the kicks and the drift in reverse order
+        k_half = k - tr.dt / 2 * tr.f(q)
+        q = q - tr.dt * k_half
+        k = k_half - tr.dt / 2 * tr.f(q)
+    return q, k
+
+
+@pytest.mark.parametrize("n_steps", [1, 4])
+def test_leapfrog_is_exactly_invertible(n_steps):
+    tr = make("leapfrog", n_steps=n_steps, dt=1.3)
+    q, k = qk()
+    q0, k0 = leapfrog_inverse(tr, *tr(q, k))
+    torch.testing.assert_close(q0, q, rtol=0, atol=1e-12)
+    torch.testing.assert_close(k0, k, rtol=0, atol=1e-12)
+
+
+def _jacobian_det(tr: CoupledQK) -> float:
+    q, k = qk(shape=(1, 1, H, D))
+
+    def flat(z: torch.Tensor) -> torch.Tensor:
+        out = tr(z[: H * D].view(1, 1, H, D), z[H * D:].view(1, 1, H, D))
+        return torch.cat([out[0].reshape(-1), out[1].reshape(-1)])
+
+    return torch.linalg.det(jacobian(flat, torch.cat([q.reshape(-1), k.reshape(-1)]))).item()
+
+
+@pytest.mark.parametrize("n_steps, sharing", [(1, "head"), (3, "layer")])
+def test_leapfrog_preserves_volume_and_euler_does_not(n_steps, sharing):
+    assert _jacobian_det(make("leapfrog", n_steps, sharing)) == pytest.approx(1.0, abs=1e-10)
+    assert abs(_jacobian_det(make("euler", n_steps, sharing)) - 1.0) > 1e-3
+
+
+@pytest.mark.parametrize("integrator, n_steps, evaluations", [
+    ("euler", 1, 1), ("euler", 5, 5), ("leapfrog", 1, 2), ("leapfrog", 7, 8)])
+def test_f_evaluations_per_forward(integrator, n_steps, evaluations):
+    tr = make(integrator, n_steps)
+    calls = []
+    tr.f.register_forward_hook(lambda *_: calls.append(1))
+    tr(*qk())
+    assert len(calls) == evaluations == tr.n_evaluations()
+    assert tr.num_flops_per_token() == evaluations * H * 2 * (2 * D * 5)
+
+
+def test_uncoupled_changes_only_q():
+    torch.manual_seed(0)
+    tr = UncoupledQK(n_head=H, head_dim=D, hidden=5, sharing="layer", n_steps=2, dt_init=0.3).double()
+    q, k = qk()
+    q2, k2 = tr(q, k)
+    q1 = q + 0.3 * tr.f(q)
+    torch.testing.assert_close(q2, q1 + 0.3 * tr.f(q1))
+    assert k2 is k
+
+
+def test_shared_and_per_head_f_agree_when_weights_agree():
+    torch.manual_seed(0)
+    shared = CouplingMLP(D, 5, H, "layer").double()
+    per_head = CouplingMLP(D, 5, H, "head").double()
+    with torch.no_grad():
+        for name in ("w1", "b1", "w2", "b2"):
+            getattr(per_head, name).copy_(getattr(shared, name).expand_as(getattr(per_head, name)))
+    x = qk()[0]
+    torch.testing.assert_close(per_head(x), shared(x))
+    manual = torch.nn.functional.silu(x @ shared.w1[0].T + shared.b1[0]) @ shared.w2[0].T + shared.b2[0]
+    torch.testing.assert_close(shared(x), manual)
+    assert shared.w1.numel() * H == per_head.w1.numel()

@@ -1,0 +1,113 @@
+"""Behaviour shared by every variant: shapes, loss, causality, determinism, gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, VARIANTS
+
+VOCAB = 97  # must equal conftest's vocabulary (conftest is not importable under importlib mode)
+
+OPTION_SETS = [
+    ("standard", {}),
+    ("coupled", {}),
+    ("coupled", dict(integrator="leapfrog", n_steps=3, coupling_sharing="head", coupling_hidden=24)),
+    ("uncoupled_mlp", {}),
+    ("uncoupled_mlp", dict(n_steps=2, coupling_sharing="head")),
+    ("differential", {}),
+    ("coupled_differential", dict(integrator="leapfrog", n_steps=2)),
+]
+
+
+@pytest.mark.parametrize("variant, options", OPTION_SETS)
+def test_causality_changing_a_later_token_never_changes_earlier_outputs(make_model, variant, options):
+    model = make_model(variant, **options)
+    torch.manual_seed(1)
+    idx = torch.randint(0, VOCAB, (2, 32))
+    logits, _ = model(idx)
+    for t in (0, 10, 30):
+        changed = idx.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 1) % VOCAB
+        logits2, _ = model(changed)
+        assert torch.equal(logits[:, : t + 1], logits2[:, : t + 1]), (variant, t)
+        assert not torch.allclose(logits[:, t + 1], logits2[:, t + 1])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_shapes_loss_and_ignore_index(make_model, variant):
+    model = make_model(variant)
+    idx = torch.randint(0, VOCAB, (3, 20))
+    targets = torch.randint(0, VOCAB, (3, 20))
+    logits, loss = model(idx, targets)
+    assert logits.shape == (3, 20, VOCAB)
+    assert torch.allclose(loss, F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1)))
+    assert abs(loss.item() - torch.log(torch.tensor(float(VOCAB))).item()) < 0.5  # near uniform at init
+    masked = targets.clone()
+    masked[:, :10] = -100
+    _, loss_masked = model(idx, masked)
+    expected = F.cross_entropy(logits[:, 10:].reshape(-1, VOCAB), targets[:, 10:].reshape(-1))
+    assert torch.allclose(loss_masked, expected)
+    assert model(idx)[1] is None
+
+
+def test_too_long_input_is_rejected(make_model):
+    with pytest.raises(ValueError, match="exceeds cfg.seq_len=32"):
+        make_model("standard")(torch.zeros(1, 33, dtype=torch.long))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_init_is_deterministic_given_seed(make_model, variant):
+    a, b, c = make_model(variant, seed=3), make_model(variant, seed=3), make_model(variant, seed=4)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+
+
+def _as_standard(model: GPT) -> GPT:
+    """A standard model carrying every weight `model` shares with standard attention."""
+    std = GPT(model.cfg.model_copy(update=dict(variant="standard"))).eval()
+    missing = std.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if k in std.state_dict()}, strict=True)
+    assert not missing.missing_keys
+    return std
+
+
+@pytest.mark.parametrize("variant, options", [
+    ("coupled", dict(integrator="euler", n_steps=2)),
+    ("coupled", dict(integrator="leapfrog", n_steps=3)),
+    ("uncoupled_mlp", dict(n_steps=2, coupling_sharing="head")),
+])
+def test_dt_zero_recovers_standard_attention(make_model, variant, options):
+    model = make_model(variant, **options)
+    idx = torch.randint(0, VOCAB, (2, 32))
+    assert not torch.allclose(model(idx)[0], _as_standard(model)(idx)[0], atol=1e-5)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qk_transform.dt.zero_()
+    torch.testing.assert_close(model(idx)[0], _as_standard(model)(idx)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant, options", [
+    ("coupled", dict(integrator="euler")),
+    ("coupled", dict(integrator="leapfrog", coupling_sharing="head")),
+    ("uncoupled_mlp", {}),
+    ("coupled_differential", {}),
+])
+def test_gradients_reach_dt_and_the_coupling_mlp(make_model, variant, options):
+    model = make_model(variant, **options).train()
+    idx = torch.randint(0, VOCAB, (2, 32))
+    _, loss = model(idx, idx)
+    loss.backward()
+    for block in model.blocks:
+        tr = block.attn.qk_transform
+        for name, p in [("dt", tr.dt), ("w1", tr.f.w1), ("b1", tr.f.b1), ("w2", tr.f.w2), ("b2", tr.f.b2)]:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+            assert p.grad.shape == p.shape
+
+
+def test_differential_lambda_and_norm_get_gradients(make_model):
+    model = make_model("differential").train()
+    idx = torch.randint(0, VOCAB, (2, 32))
+    model(idx, idx)[1].backward()
+    sc = model.blocks[1].attn.scoring
+    for p in (sc.lambda_q1, sc.lambda_k1, sc.lambda_q2, sc.lambda_k2, sc.subln.weight):
+        assert p.grad is not None and p.grad.abs().sum() > 0
