@@ -98,12 +98,21 @@ def schema() -> None:
 @app.command("plan")
 @_input_errors
 def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
-             as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list.")) -> None:
+             as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list."),
+             write_runs: Optional[Path] = typer.Option(None, "--write-runs", help="Also write each run as DIR/<run_id>.yaml (for `qkstudy train`).")) -> None:
     """Print the compute-matched runs of a study before anything runs."""
     from .planner import plan
 
     s = _load(spec)
     runs = plan(s)
+    if write_runs:
+        import yaml
+
+        write_runs.mkdir(parents=True, exist_ok=True)
+        for r in runs:
+            tmp = write_runs / f".{r.run_id}.yaml.tmp"
+            tmp.write_text(yaml.safe_dump(r.model_dump(mode="json"), sort_keys=False))
+            tmp.rename(write_runs / f"{r.run_id}.yaml")
     if as_json:
         rows = [{"run_id": r.run_id, "variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend,
                  "n_params": r.n_params, "n_params_total": r.n_params_total, "flops_per_token": r.flops_per_token,
@@ -135,6 +144,37 @@ def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
         counts[st] = counts.get(st, 0) + 1
     err.print(f"study {s.name} done in {res.wall_s:.0f} s: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     err.print(f"MLflow: {s.resolved_tracking_uri} (experiment {s.name})")
+    if not res.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+@_input_errors
+def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written by `qkstudy plan --write-runs`)."),
+          tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default runs/<study>/mlflow.db)."),
+          storage_path: Optional[str] = typer.Option(None, "--storage", help="Ray Train storage (default runs/<study>/ray)."),
+          address: Optional[str] = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
+          verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
+    """Train one run, for debugging, on the same code path as `qkstudy run`."""
+    from .planner import RunSpec
+    from .runner import run_runs
+    from .spec import SpecError
+
+    import yaml
+    from pydantic import ValidationError
+
+    if not run_file.is_file():
+        raise SpecError(run_file, [("", "no such file")])
+    try:
+        run_spec = RunSpec.model_validate(yaml.safe_load(run_file.read_text()))
+    except (yaml.YAMLError, ValidationError) as e:
+        raise SpecError(run_file, [("", f"not a run spec: {e}")]) from None
+    work = (Path("runs") / run_spec.study).resolve()
+    uri = tracking_uri or f"sqlite:///{work / 'mlflow.db'}"
+    res = run_runs([run_spec], run_spec.study, uri, storage_path or str(work / "ray"), address=address,
+                   console=err, verbose=verbose)
+    st = res.status.get(run_spec.run_id)
+    err.print(f"{run_spec.run_name}: {st} {res.reasons.get(run_spec.run_id, '')}")
     if not res.ok:
         raise typer.Exit(1)
 

@@ -192,7 +192,8 @@ def plan(study: Study) -> list[RunSpec]:
             for seed in study.seeds:
                 for e in multipliers:
                     steps = _steps_for(d_v * e, tps)
-                    train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps))})
+                    train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps)),
+                                                    "lr": v.lr or base.lr})
                     model_cfg = configs[v.name].model_dump()
                     identity = {
                         "v": IDENTITY_VERSION,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -26,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .planner import RunSpec, plan
 from .progress import board_name, get_board
 from .spec import Study
-from .tracking import (STATUS_FAILED, STATUS_FINISHED, client_for, create_run, ensure_experiment, find_train_runs,
+from .tracking import (KIND_TAG, STATUS_FAILED, STATUS_FINISHED, client_for, create_run, ensure_experiment, find_train_runs,
                        run_status, set_status)
 
 
@@ -103,10 +104,9 @@ def _prepare_task(corpus: dict, tokenizer: dict, cache_root: str | None) -> dict
     return {"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size}
 
 
-def prepare_data(study: Study) -> dict[str, Any]:
-    """Prepare (or find cached) the study's corpus as one Ray task; returns path and hash."""
-    cache_root = os.environ.get("QKSTUDY_CACHE")
-    return ray.get(_prepare_task.remote(study.corpus.model_dump(mode="json"), study.tokenizer.model_dump(mode="json"), cache_root))
+def prepare_data(corpus: dict, tokenizer: dict) -> dict[str, Any]:
+    """Prepare (or find cached) a corpus as one Ray task; returns its path and content hash."""
+    return ray.get(_prepare_task.remote(corpus, tokenizer, os.environ.get("QKSTUDY_CACHE")))
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -160,28 +160,38 @@ def run_study(study: Study, *, address: str | None = None, console: Console | No
     Returns:
         StudyResult with every run's final state (also in MLflow, which is the record).
     """
+    return run_runs(plan(study), study.name, study.resolved_tracking_uri, study.resolved_storage_path,
+                    address=address, console=console, verbose=verbose, max_in_flight=max_in_flight)
+
+
+def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_path: str, *,
+             address: str | None = None, console: Console | None = None, verbose: bool = False,
+             max_in_flight: int | None = None) -> StudyResult:
+    """Schedule ``runs`` (all of one study and corpus) on Ray; see ``run_study``.
+
+    ``qkstudy train RUN.yaml`` calls this with one run: the same code path as a study.
+    """
     console = console or Console(stderr=True)
     t0 = time.time()
-    runs = plan(study)
     result = StudyResult()
-    uri = study.resolved_tracking_uri
-    if uri.startswith("sqlite:///"):
-        study.workdir_path.mkdir(parents=True, exist_ok=True)
-    client = client_for(uri)
-    exp_id = ensure_experiment(client, study.name)
+    if tracking_uri.startswith("sqlite:///"):
+        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    client = client_for(tracking_uri)
+    exp_id = ensure_experiment(client, study_name)
     existing = find_train_runs(client, exp_id)
 
     init_ray(address, verbose)
     nodes = _alive_nodes()
-    console.print(f"[bold]{study.name}[/]: {len(runs)} planned runs; MLflow {uri}")
+    console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {tracking_uri}")
     with console.status("preparing data (Ray task)"):
-        data = prepare_data(study)
+        data = prepare_data(runs[0].corpus, runs[0].tokenizer)
     console.print(f"data: {data['path']} (content {data['content_hash'][:12]})")
 
     todo: list[tuple[RunSpec, str]] = []
     for run in runs:
         prev = existing.get(run.run_id)
-        if prev is not None and run_status(prev) == STATUS_FINISHED and prev.data.params.get("data_hash") == data["content_hash"]:
+        same_data = prev is not None and prev.data.params.get("data_hash") == data["content_hash"]
+        if same_data and run_status(prev) == STATUS_FINISHED:
             result.status[run.run_id] = "skipped"
             continue
         reason = unschedulable_reason(run, nodes)
@@ -189,12 +199,12 @@ def run_study(study: Study, *, address: str | None = None, console: Console | No
             result.status[run.run_id], result.reasons[run.run_id] = "unschedulable", reason
             console.print(f"[red]unschedulable[/] {run.run_name}: {reason}")
             continue
-        if prev is not None and prev.data.params.get("data_hash") == data["content_hash"]:
+        if same_data:
             mlflow_id = prev.info.run_id  # resume: the same MLflow run and Ray Train run name
             set_status(client, mlflow_id, "running")
         else:
-            if prev is not None:  # finished on other data: keep it, but it no longer counts
-                client.set_tag(prev.info.run_id, "qkstudy.kind", "stale")
+            if prev is not None:  # trained on other data: keep the record, but it no longer counts
+                client.set_tag(prev.info.run_id, KIND_TAG, "stale")
             mlflow_id = create_run(client, exp_id, run, {"data_hash": data["content_hash"], "data_path": data["path"]})
         todo.append((run, mlflow_id))
     skipped = sum(1 for s in result.status.values() if s == "skipped")
@@ -202,7 +212,7 @@ def run_study(study: Study, *, address: str | None = None, console: Console | No
         console.print(f"{skipped} run(s) already finished in MLflow: skipped")
 
     if todo:
-        _launch_and_watch(study, todo, data, uri, result, console, nodes, max_in_flight)
+        _launch_and_watch(study_name, todo, data, tracking_uri, storage_path, result, console, nodes, max_in_flight)
     result.wall_s = time.time() - t0
     return result
 
@@ -226,15 +236,14 @@ def _capacity(run: RunSpec, nodes: list[dict[str, float]]) -> int:
     return max(1, n)
 
 
-def _launch_and_watch(study: Study, todo: list[tuple[RunSpec, str]], data: dict[str, Any], uri: str,
-                      result: StudyResult, console: Console, nodes: list[dict[str, float]],
+def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], data: dict[str, Any], uri: str,
+                      storage: str, result: StudyResult, console: Console, nodes: list[dict[str, float]],
                       max_in_flight: int | None) -> None:
-    board = get_board(study.name)
-    bname = board_name(study.name)
+    board = get_board(study_name)
+    bname = board_name(study_name)
     limit = max_in_flight or max(2, 2 * _capacity(todo[0][0], nodes))
     pending = list(todo)
     in_flight: dict[Any, RunSpec] = {}
-    storage = study.resolved_storage_path
     total_tokens = sum(r.tokens for r, _ in todo)
     # A terminal gets live bars; a log (CI, `| tee`) gets a line per finished run and a
     # study-level line every 30 s instead of bars that render only at the end.
@@ -243,7 +252,7 @@ def _launch_and_watch(study: Study, todo: list[tuple[RunSpec, str]], data: dict[
     with Progress(TextColumn("{task.description}", justify="left"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False,
                   disable=not live) as bar:
-        overall = bar.add_task(f"[bold]study {study.name}", total=total_tokens, info="")
+        overall = bar.add_task(f"[bold]study {study_name}", total=total_tokens, info="")
         names = {r.run_id: r.run_name for r, _ in todo}
         tasks = {r.run_id: bar.add_task(f"  {r.run_name}", total=r.tokens, info="queued") for r, _ in todo}
         done_tokens: dict[str, int] = {}
@@ -278,5 +287,5 @@ def _launch_and_watch(study: Study, todo: list[tuple[RunSpec, str]], data: dict[
                 last_line = time.time()
                 running = ", ".join(f"{names.get(r, r)} {s_['tokens'] * 100 // max(s_['planned'], 1)}%"
                                     for r, s_ in snap.items() if s_.get("state") == "running" and "planned" in s_)
-                console.print(f"study {study.name}: {sum(done_tokens.values()):,}/{total_tokens:,} tokens"
+                console.print(f"study {study_name}: {sum(done_tokens.values()):,}/{total_tokens:,} tokens"
                               + (f"; running: {running}" if running else ""))

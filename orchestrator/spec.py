@@ -41,12 +41,14 @@ class VariantSpec(_Strict):
 
     ``name`` is the label that MLflow's ``variant`` tag and the report use; ``kind`` is the
     model variant (``model.VARIANTS``), defaulting to ``name``; ``options`` are passed to
-    ``model.build_config`` (e.g. ``integrator: leapfrog``, ``n_steps: 3``).
+    ``model.build_config`` (e.g. ``integrator: leapfrog``, ``n_steps: 3``). ``lr``
+    overrides the peak learning rate for this variant only (e.g. an LR sweep arm).
     """
 
     name: str
     kind: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    lr: float | None = Field(default=None, gt=0)
 
     @property
     def model_variant(self) -> str:

@@ -30,6 +30,9 @@ from .planner import RunSpec
 from .progress import report_progress
 from .tracking import STATUS_FAILED, STATUS_FINISHED, MetricBuffer, client_for, last_logged_step, set_status
 
+# Fault injection for the resume tests: the worker process dies hard (as a preempted node
+# would) right after this optimizer step, on its first attempt only (no checkpoint restored).
+KILL_AT_STEP_ENV = "QKSTUDY_TEST_KILL_AT_STEP"
 STATE_FILE = "qkstudy_state.json"
 CKPT_TAG = "ckpt"
 
@@ -183,8 +186,11 @@ class RunLoop:
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         t_last, tok_last = time.perf_counter(), step * tps
         peak = _peak_flops()
+        kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0")) if state["step"] == 0 else 0
         self.engine.train()
         while step < r.steps:
+            if kill_at and step == kill_at:
+                os._exit(17)
             t0 = time.perf_counter()
             loss, grad_norm = self._train_step(step)
             step += 1

@@ -1,0 +1,110 @@
+"""End to end: a tiny study through real Ray, real DeepSpeed ZeRO-2 (2 workers) and a real
+MLflow SQLite store, then the report, asserting on what MLflow holds."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+
+SPEC = """\
+name: e2e
+corpus: {source: stdlib, max_documents: 60}
+tokenizer: {vocab_size: 512}
+scales: [cpu-xs]
+variants: [standard, {name: coupled, options: {integrator: euler, n_steps: 1}}]
+budget: {mode: flops, tokens: 32768}
+extend: [2]
+train: {global_batch: 8, seq_len: 64}
+eval: {num_evals: 2, max_windows: 8, final_max_windows: 16}
+resources: {workers: 2, cpus_per_worker: 1, zero_stage: 2}
+"""
+
+
+def _qk(*args, cwd, env):
+    exe = Path(sys.executable).with_name("qkstudy")
+    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    d = tmp_path_factory.mktemp("e2e")
+    (d / "e2e.yaml").write_text(SPEC)
+    env = {**os.environ, "QKSTUDY_CACHE": str(d / "cache"), "RAY_ADDRESS": ""}
+    env.pop("RAY_ADDRESS")
+    res = _qk("run", "e2e.yaml", cwd=d, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = json.loads(_qk("plan", "e2e.yaml", "--json", cwd=d, env=env).stdout)
+    return d, env, plan, res
+
+
+def _train_runs(d):
+    c = MlflowClient(f"sqlite:///{d / 'runs/e2e/mlflow.db'}")
+    exp = c.get_experiment_by_name("e2e")
+    runs = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
+    return c, runs
+
+
+def test_one_finished_mlflow_run_per_planned_run(study):
+    d, _, plan, _ = study
+    c, runs = _train_runs(d)
+    assert sorted(r.data.tags["run_id"] for r in runs) == sorted(p["run_id"] for p in plan)
+    by_id = {r.data.tags["run_id"]: r for r in runs}
+    for p in plan:
+        r = by_id[p["run_id"]]
+        t = r.data.tags
+        assert (t["study"], t["variant"], t["scale"], t["seed"], t["corpus"]) == ("e2e", p["variant"], "cpu-xs", "0", "stdlib")
+        assert t["extend"] == ("2" if p["extend"] == 2 else "1") and t["status"] == "finished"
+        assert r.info.status == "FINISHED"
+        tokens = c.get_metric_history(r.info.run_id, "tokens")
+        steps = [m.step for m in tokens]
+        assert steps == sorted(set(steps)) and steps[-1] == p["tokens"]
+        assert [m.value for m in tokens] == steps  # step is tokens seen
+        val = c.get_metric_history(r.info.run_id, "val/ppl")
+        assert val[-1].step == p["tokens"] and 1.0 < val[-1].value < 512
+        assert r.data.metrics["final/val_ppl"] == pytest.approx(val[-1].value)
+        assert int(r.data.params["n_params"]) == p["n_params"]
+        assert {"train/loss", "lr", "grad_norm", "flops", "time/wall_s", "throughput/tokens_per_s",
+                "attn/entropy", "attn/effective_rank"} <= set(r.data.metrics)
+
+
+def test_loss_goes_down(study):
+    d, *_ = study
+    c, runs = _train_runs(d)
+    for r in runs:
+        hist = c.get_metric_history(r.info.run_id, "train/loss")
+        assert hist[-1].value < hist[0].value - 0.5
+
+
+def test_resubmit_trains_nothing(study):
+    d, env, plan, _ = study
+    before = {r.info.run_id for r in _train_runs(d)[1]}
+    res = _qk("run", "e2e.yaml", cwd=d, env=env)
+    assert res.returncode == 0, res.stderr
+    assert f"{len(plan)} run(s) already finished in MLflow: skipped" in res.stderr
+    assert {r.info.run_id for r in _train_runs(d)[1]} == before
+
+
+def test_report_reads_mlflow_and_is_reproducible(study):
+    d, env, plan, _ = study
+    out = d / "report"
+    res = _qk("report", "e2e.yaml", "--out", str(out), "--json", cwd=d, env=env)
+    assert res.returncode == 0, res.stderr
+    first = json.loads(res.stdout)
+    assert [s["scale"] for s in first] == ["cpu-xs"]
+    assert set(first[0]["final_ppl"]) == {"standard", "coupled"}
+    assert isinstance(first[0]["censored"], bool)
+    assert (out / "report.md").exists() and any(out.glob("*.png"))
+    _, runs = _train_runs(d)
+    finals = {r.data.tags["variant"]: r.data.metrics["final/val_ppl"] for r in runs if r.data.tags["extend"] == "1"}
+    for v, ppl in finals.items():
+        assert first[0]["final_ppl"][v] == pytest.approx(ppl)
+    shutil.rmtree(out)
+    again = json.loads(_qk("report", "e2e.yaml", "--out", str(out), "--json", cwd=d, env=env).stdout)
+    assert again == first
