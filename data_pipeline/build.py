@@ -1,0 +1,252 @@
+"""prepare(): corpus + tokenizer config -> content-addressed directory of Arrow token shards.
+
+Identity: ``content_hash`` = sha256 over (format version, corpus config, tokenizer config, source
+fingerprint = sha256 of every input file). The output lives at ``<cache_root>/<content_hash>``;
+if its manifest exists, prepare returns at once (a no-op). Otherwise it reads the documents,
+splits them train/val by a hash of each document id, trains the tokenizer on a sample of the
+train split, tokenizes chunks of documents in a process pool (spawned, so it also runs inside a
+Ray task), writes everything to a temp directory and publishes it with one rename (or, for
+object-store URIs, an upload with the manifest last).
+
+Layout of a prepared directory::
+
+    manifest.json        counts, hashes, shard list (the commit marker)
+    tokenizer.model      SentencePiece model (absent for mqar)
+    train-00000.arrow    one row per document: ids list<uint16|uint32>, ending in eod_id
+    val-00000.arrow      (mqar: one row per example, plus a target_mask column)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+
+from . import encode, mqar, sources, storage
+from .config import CorpusConfig, TokenizerConfig
+from .errors import DataError
+from .tokenizer import model_hash, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+CHUNK_CHARS = 1 << 20  # text per tokenization task / shard: ~1 MiB keeps 2+ cores balanced on stdlib
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """A prepared corpus. `path` is a local directory or URI; `manifest` is manifest.json as a dict
+    (source hashes, tokenizer hash, per-split document/token counts and shards, dtype, layout)."""
+
+    path: str
+    content_hash: str
+    vocab_size: int
+    eod_id: int
+    tokenizer_path: str
+    tokenizer_hash: str
+    manifest: dict
+
+    @classmethod
+    def from_manifest(cls, path: str, manifest: dict) -> "PreparedData":
+        tok = manifest.get("tokenizer") or {}
+        return cls(path=path, content_hash=manifest["content_hash"], vocab_size=manifest["vocab_size"],
+                   eod_id=manifest["eod_id"],
+                   tokenizer_path=storage.join(path, tok["file"]) if tok.get("file") else "",
+                   tokenizer_hash=tok.get("sha256", ""), manifest=manifest)
+
+
+def content_hash(corpus: CorpusConfig, tokenizer: TokenizerConfig, fingerprint: dict) -> str:
+    """Hex sha256 (first 20 chars) of everything the prepared tokens depend on."""
+    ident = {"format": FORMAT_VERSION, "corpus": corpus.model_dump(mode="json"),
+             "tokenizer": None if corpus.source == "mqar" else tokenizer.model_dump(mode="json"),
+             "sources": fingerprint}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _default_num_proc() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _val_score(doc_id: str) -> float:
+    return int.from_bytes(hashlib.sha1(doc_id.encode()).digest()[:8], "big") / 2.0**64
+
+
+def split_documents(docs: list[sources.Document], val_fraction: float, label: str):
+    """(train, val) lists, order preserved. A document goes to val when forced (val_paths) or, when
+    no split is forced, when the hash of its id < val_fraction. Tiny corpora: the lowest-scoring
+    document is moved to val so val is never empty."""
+    forced = any(d.split for d in docs)
+    is_val = [d.split == "val" if forced else _val_score(d.id) < val_fraction for d in docs]
+    if not any(is_val) and len(docs) > 1:
+        is_val[min(range(len(docs)), key=lambda i: _val_score(docs[i].id))] = True
+    train = [d for d, v in zip(docs, is_val) if not v]
+    val = [d for d, v in zip(docs, is_val) if v]
+    if not train or not val:
+        raise DataError(f"{label}: needs at least one train and one val document "
+                        f"(got {len(train)} train, {len(val)} val)")
+    return train, val
+
+
+def _chunks(docs: list[sources.Document]) -> list[list[str]]:
+    out, cur, size = [], [], 0
+    for d in docs:
+        cur.append(d.text)
+        size += len(d.text)
+        if size >= CHUNK_CHARS:
+            out.append(cur)
+            cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+@contextmanager
+def _spawn_without_main():
+    """Start spawned workers without re-running the caller's __main__ (a script without an
+    `if __name__ == "__main__"` guard, or Ray's worker entry point): the task function lives in
+    data_pipeline.encode, so workers never need it."""
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+def _tokenize(splits: dict, proto: bytes, eod_id: int, dtype: str, tmp: str, num_proc: int,
+              progress: bool, label: str) -> dict:
+    """Tokenize every split into shards under `tmp`; returns the manifest's `splits` entry."""
+    from tqdm.auto import tqdm
+
+    tasks, names = [], []
+    for split, docs in splits.items():
+        for i, texts in enumerate(_chunks(docs)):
+            name = f"{split}-{i:05d}.arrow"
+            tasks.append((os.path.join(tmp, name), texts, eod_id, dtype))
+            names.append((split, name))
+    num_proc = max(1, min(num_proc, len(tasks)))
+    bar = tqdm(total=len(tasks), desc=f"tokenize {label}", unit="shard", disable=not progress)
+    if num_proc == 1:
+        encode.init_worker(proto)
+        results = []
+        for t in tasks:
+            results.append(encode.encode_chunk(t))
+            bar.update()
+    else:
+        # spawn, not fork: forking a process that runs Ray/gRPC threads can deadlock.
+        with _spawn_without_main():
+            pool = mp.get_context("spawn").Pool(num_proc, encode.init_worker, (proto,))
+        with pool:
+            results = []
+            for r in pool.imap(encode.encode_chunk, tasks):
+                results.append(r)
+                bar.update()
+    bar.close()
+    out = {s: {"documents": 0, "tokens": 0, "shards": []} for s in splits}
+    for (split, name), (n_docs, n_tok) in zip(names, results):
+        out[split]["documents"] += n_docs
+        out[split]["tokens"] += n_tok
+        out[split]["shards"].append({"file": name, "documents": n_docs, "tokens": n_tok})
+    return out
+
+
+def _prepare_text(corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, num_proc: int,
+                  progress: bool) -> dict:
+    label = corpus.label()
+    timings = {}
+    t0 = time.perf_counter()
+    stats = sources.DecodeStats()
+    docs = sources.load_documents(corpus, stats)
+    if stats.documents:
+        log.warning("%s: %d documents had undecodable bytes (%d chars replaced by U+FFFD), e.g. %s",
+                    label, stats.documents, stats.replaced_chars, stats.where[:3])
+    train, val = split_documents(docs, corpus.val_fraction, label)
+    timings["read_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    proto = train_tokenizer([d.text for d in train], tokenizer, label, num_threads=num_proc)
+    timings["tokenizer_train_s"] = time.perf_counter() - t0
+    with open(os.path.join(tmp, "tokenizer.model"), "wb") as f:
+        f.write(proto)
+    eod_id = 2  # SentencePiece </s>
+    dtype = "uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32"
+    t0 = time.perf_counter()
+    splits = _tokenize({"train": train, "val": val}, proto, eod_id, dtype, tmp, num_proc, progress, label)
+    timings["tokenize_s"] = time.perf_counter() - t0
+    return {"layout": "stream", "vocab_size": tokenizer.vocab_size, "eod_id": eod_id, "dtype": dtype,
+            "tokenizer": {"file": "tokenizer.model", "sha256": model_hash(proto),
+                          "config": tokenizer.model_dump(mode="json")},
+            "splits": splits, "text_bytes": sum(len(d.text.encode()) for d in docs),
+            "decode_errors": {"documents": stats.documents, "replaced_chars": stats.replaced_chars},
+            "timings": timings}
+
+
+def _prepare_mqar(corpus: CorpusConfig, tmp: str) -> dict:
+    p = corpus.resolved_mqar().resolved()
+    dtype = "uint16" if p["vocab_size"] <= 1 << 16 else "uint32"
+    splits = {}
+    for i, (split, n) in enumerate((("train", p["num_train_examples"]), ("val", p["num_val_examples"]))):
+        ids, mask = mqar.generate(n, p["vocab_size"], p["seq_len"], p["num_kv_pairs"], p["power_a"],
+                                  np.random.default_rng([corpus.seed, i]))
+        name = f"{split}-00000.arrow"
+        n_tok = encode.write_shard(os.path.join(tmp, name), list(ids), dtype, {"target_mask": list(mask)})
+        splits[split] = {"documents": n, "tokens": n_tok, "shards": [{"file": name, "documents": n, "tokens": n_tok}]}
+    return {"layout": "examples", "example_len": p["seq_len"] + 1, "vocab_size": p["vocab_size"], "eod_id": 0,
+            "dtype": dtype, "tokenizer": None, "mqar": p, "splits": splits}
+
+
+def prepare(corpus: CorpusConfig, tokenizer: TokenizerConfig, cache_root=None, *, num_proc: int | None = None,
+            progress: bool = True) -> PreparedData:
+    """Prepare `corpus` with `tokenizer` into ``<cache_root>/<content_hash>``, or return it if present.
+
+    cache_root: local path or pyarrow URI (s3://, gs://, file://); default $QKSTUDY_CACHE or
+    ~/.cache/qkstudy/data. num_proc: tokenization processes (default: CPUs this process may use).
+    Raises DataError (a ValueError) naming the source for bad input; nothing is left half-written.
+    """
+    root = str(cache_root) if cache_root is not None else storage.default_cache_root()
+    remote = storage.is_uri(root)
+    fp = sources.fingerprint(corpus)
+    h = content_hash(corpus, tokenizer, fp)
+    dest = storage.join(root if remote else os.path.abspath(os.path.expanduser(root)), h)
+    manifest = storage.read_manifest(dest)
+    if manifest is not None:
+        return PreparedData.from_manifest(dest, manifest)
+    if not remote:
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{h}-", dir=None if remote else os.path.dirname(dest))
+    try:
+        t0 = time.perf_counter()
+        if corpus.source == "mqar":
+            body = _prepare_mqar(corpus, tmp)
+        else:
+            body = _prepare_text(corpus, tokenizer, tmp, num_proc or _default_num_proc(), progress)
+        for split, info in body["splits"].items():
+            if info["tokens"] < 2:
+                raise DataError(f"{corpus.label()}: split '{split}' has {info['tokens']} tokens, too few for a window")
+        manifest = {"format_version": FORMAT_VERSION, "content_hash": h, "source": corpus.source,
+                    "corpus": corpus.model_dump(mode="json"), "source_hashes": fp, **body,
+                    "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        manifest.setdefault("timings", {})["total_s"] = time.perf_counter() - t0
+        with open(os.path.join(tmp, storage.MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+        storage.publish(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    manifest = storage.read_manifest(dest)
+    return PreparedData.from_manifest(dest, manifest)

@@ -1,0 +1,171 @@
+"""Pydantic configs for corpora and tokenizers (embedded in the study spec as `corpus:` and `tokenizer:`).
+
+Both are cheap to build (no I/O) and JSON-serialisable: the content hash of a prepared dataset and
+the orchestrator's run identity are computed from ``model_dump(mode="json")``. Validation errors
+name the offending field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SourceName = Literal["stdlib", "text", "jsonl", "parquet", "hf", "mixture", "mqar"]
+
+# Default stdlib exclusions: the regression-test suites and the IDLE GUI are not representative
+# library code and triple the corpus (1790 files / 31 MB -> 674 files / 11 MB on CPython 3.11),
+# which keeps the default prepare well inside the `make demo` budget.
+STDLIB_DEFAULT_EXCLUDE = ["test/**", "**/test/**", "**/tests/**", "**/idle_test/**", "idlelib/**"]
+
+# MQAR presets (Zoology-style multi-query associative recall, Arora et al. 2023). "easy" and
+# "medium" are the settings the paper reports perfect accuracy on; "hard" is Zoology's largest
+# vocabulary with many pairs. Values: vocab_size, seq_len (model input length), num_kv_pairs.
+MQAR_PRESETS: dict[str, dict[str, int]] = {
+    "easy": {"vocab_size": 256, "seq_len": 64, "num_kv_pairs": 4},
+    "medium": {"vocab_size": 1024, "seq_len": 128, "num_kv_pairs": 16},
+    "hard": {"vocab_size": 8192, "seq_len": 256, "num_kv_pairs": 64},
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MQARConfig(_Strict):
+    """Synthetic multi-query associative recall (Zoology `multiquery_ar`).
+
+    Each example is ``seq_len + 1`` tokens: ``num_kv_pairs`` (key, value) pairs, then a query
+    region where every key reappears once, followed by its value, at a power-law distributed
+    distance (p(slot s) ~ (s+1)^(power_a-1), Zoology's default power_a = 0.01); other positions
+    are random tokens. Keys come from [1, vocab/2), values from [vocab/2, vocab); id 0 is unused.
+    Only value positions in the query region carry labels.
+    """
+
+    preset: Literal["easy", "medium", "hard"] = "easy"
+    vocab_size: int | None = Field(None, ge=8, le=65536)
+    seq_len: int | None = Field(None, ge=8)
+    num_kv_pairs: int | None = Field(None, ge=1)
+    power_a: float = Field(0.01, gt=0.0, le=1.0)
+    num_train_examples: int = Field(20_000, ge=1)
+    num_val_examples: int = Field(1_000, ge=1)
+
+    def resolved(self) -> dict[str, int | float]:
+        """Preset values overridden by any explicitly set field."""
+        out: dict[str, int | float] = dict(MQAR_PRESETS[self.preset])
+        for name in ("vocab_size", "seq_len", "num_kv_pairs"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        out.update(power_a=self.power_a, num_train_examples=self.num_train_examples,
+                   num_val_examples=self.num_val_examples)
+        return out
+
+    @model_validator(mode="after")
+    def _check_fits(self) -> "MQARConfig":
+        r = self.resolved()
+        if r["num_kv_pairs"] > r["vocab_size"] // 2 - 1:
+            raise ValueError(f"num_kv_pairs={r['num_kv_pairs']} needs vocab_size >= {2 * r['num_kv_pairs'] + 2} "
+                             f"(distinct keys from the lower half), got vocab_size={r['vocab_size']}")
+        if 4 * r["num_kv_pairs"] > r["seq_len"] + 1:
+            raise ValueError(f"seq_len={r['seq_len']} too short for num_kv_pairs={r['num_kv_pairs']}: "
+                             f"needs seq_len + 1 >= 4 * num_kv_pairs (pairs plus one query slot each)")
+        return self
+
+
+class MixtureComponent(_Strict):
+    """One weighted component of a `mixture` corpus (documents are sampled in proportion to weight)."""
+
+    corpus: "CorpusConfig"
+    weight: float = Field(gt=0.0)
+
+
+class CorpusConfig(_Strict):
+    """Where documents come from and how they split into train/val.
+
+    Fields by source:
+      stdlib   `exclude` (fnmatch patterns on the path relative to the stdlib; default excludes tests and idlelib)
+      text     `paths` (files, directories or globs; local or pyarrow URIs), `document_boundary` file|blank_lines
+      jsonl    `paths`, `text_column`, `document_boundary` row|wikitext_heading
+      parquet  `paths`, `text_column`, `document_boundary` row|wikitext_heading (WikiText-103 HF exports
+               store one line per row; wikitext_heading groups rows into articles at " = Title = " rows)
+      hf       `hf_path`, `hf_name`, `hf_split`, `hf_val_split`, `text_column` (needs the `hf` extra and the hub)
+      mixture  `components` (each a CorpusConfig and a weight), `seed`
+      mqar     `mqar` (preset easy/medium/hard plus overrides), `seed`
+    Split: documents go to val when a hash of their id falls below `val_fraction`, unless `val_paths`
+    (or `hf_val_split`) names the val documents explicitly. Caps `max_documents` and `max_bytes`
+    (UTF-8 bytes of text) keep the first documents in the source's deterministic order.
+    """
+
+    source: SourceName = "stdlib"
+    paths: list[str] = Field(default_factory=list)
+    val_paths: list[str] = Field(default_factory=list)
+    exclude: list[str] | None = None
+    text_column: str = "text"
+    document_boundary: Literal["auto", "file", "blank_lines", "row", "wikitext_heading"] = "auto"
+    val_fraction: float = Field(0.02, gt=0.0, lt=1.0)
+    max_documents: int | None = Field(None, ge=1)
+    max_bytes: int | None = Field(None, ge=1)
+    hf_path: str | None = None
+    hf_name: str | None = None
+    hf_split: str = "train"
+    hf_val_split: str | None = None
+    components: list[MixtureComponent] = Field(default_factory=list)
+    mqar: MQARConfig | None = None
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_source_fields(self) -> "CorpusConfig":
+        s = self.source
+        if s in ("text", "jsonl", "parquet") and not self.paths:
+            raise ValueError(f"paths: required for source '{s}'")
+        if s not in ("text", "jsonl", "parquet") and (self.paths or self.val_paths):
+            raise ValueError(f"paths/val_paths: not used by source '{s}'")
+        if s == "hf" and not self.hf_path:
+            raise ValueError("hf_path: required for source 'hf'")
+        if s == "mixture":
+            if len(self.components) < 1:
+                raise ValueError("components: source 'mixture' needs at least one component")
+            if any(c.corpus.source in ("mixture", "mqar") for c in self.components):
+                raise ValueError("components: a mixture component cannot be 'mixture' or 'mqar'")
+        elif self.components:
+            raise ValueError(f"components: only used by source 'mixture', not '{s}'")
+        if self.mqar is not None and s != "mqar":
+            raise ValueError(f"mqar: only used by source 'mqar', not '{s}'")
+        allowed = {"text": {"auto", "file", "blank_lines"},
+                   "jsonl": {"auto", "row", "wikitext_heading"},
+                   "parquet": {"auto", "row", "wikitext_heading"},
+                   "hf": {"auto", "row", "wikitext_heading"}}.get(s, {"auto"})
+        if self.document_boundary not in allowed:
+            raise ValueError(f"document_boundary: '{self.document_boundary}' not valid for source '{s}' "
+                             f"(choose from {sorted(allowed)})")
+        return self
+
+    def resolved_mqar(self) -> MQARConfig:
+        """The MQAR config of an `mqar` corpus (preset "easy" when none is given)."""
+        return self.mqar or MQARConfig()
+
+    def label(self) -> str:
+        """Short human name used in error messages: ``source 'text' (docs/)``."""
+        where = ", ".join(self.paths) or self.hf_path or ""
+        return f"source '{self.source}'" + (f" ({where})" if where else "")
+
+
+class TokenizerConfig(_Strict):
+    """SentencePiece tokenizer trained on (a sample of) the train split.
+
+    `max_sentences` caps the number of lines sampled for training (a deterministic sample), which
+    bounds training time on large corpora; `max_sentence_length` (bytes) drops longer lines, as
+    SentencePiece does. Normalisation is the identity (no NFKC, whitespace kept) so code and text
+    round-trip exactly; newline is a user-defined piece. The end-of-document id is SentencePiece's
+    ``</s>`` (id 2); ids 0 and 1 are ``<unk>`` and ``<s>``.
+    """
+
+    kind: Literal["bpe", "unigram"] = "bpe"
+    vocab_size: int = Field(4096, ge=16, le=1 << 20)
+    byte_fallback: bool = True
+    character_coverage: float = Field(1.0, gt=0.0, le=1.0)
+    max_sentences: int = Field(100_000, ge=1)
+    max_sentence_length: int = Field(4096, ge=16)
+
+
+MixtureComponent.model_rebuild()

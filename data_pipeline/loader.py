@@ -1,0 +1,148 @@
+"""TokenLoader: deterministic, resumable, rank-aware windows over prepared token shards.
+
+Windows: a split's token stream (shards concatenated in manifest order) is cut into
+``num_windows = (tokens - 1) // seq_len`` windows; window w is tokens [w*seq_len, w*seq_len + seq_len + 1)
+(consecutive windows share one boundary token, so every token is a target exactly once per epoch).
+For mqar (layout "examples") each example is one window and seq_len must equal the example's.
+
+Order: global sample g = step * global_batch + j (j < global_batch) reads window
+perm_e[g mod num_windows] with e = g // num_windows and perm_e = a permutation drawn from
+numpy's default_rng((seed, e)). Rank r of W takes j in [r*b, (r+1)*b), b = global_batch / W, so the
+rank slices concatenate to the same global batch for every W that divides global_batch, ranks never
+overlap within a step, and a run restarted at step k reads exactly what it would have read.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from . import storage
+from .errors import DataError
+
+
+def _read_shard(location: str, name: str) -> pa.Table:
+    if storage.is_uri(location):  # object store: read into memory
+        fs, path = storage.resolve(storage.join(location, name))
+        with fs.open_input_file(path) as f:
+            return pa.ipc.open_file(f).read_all()
+    return pa.ipc.open_file(pa.memory_map(os.path.join(location, name))).read_all()
+
+
+def _flat(table: pa.Table, column: str) -> np.ndarray:
+    """Zero-copy numpy view of a list column's values (memory-mapped for local shards)."""
+    chunks = [c.flatten().to_numpy(zero_copy_only=True) for c in table.column(column).chunks]
+    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+
+
+class TokenLoader:
+    """Batches of int64 token windows from a prepared directory.
+
+    Args: path (PreparedData.path, local dir or URI), split ("train" | "val"), seq_len (tokens per
+    model input), global_batch (windows per optimizer step, all ranks), seed.
+    Raises DataError when the directory is not prepared, or the split is smaller than one window.
+    """
+
+    def __init__(self, path: str, split: str, seq_len: int, global_batch: int, seed: int):
+        if split not in ("train", "val"):
+            raise DataError(f"{path}: split must be 'train' or 'val', got {split!r}")
+        if seq_len < 1 or global_batch < 1:
+            raise DataError(f"{path}: seq_len and global_batch must be >= 1 (got {seq_len}, {global_batch})")
+        manifest = storage.read_manifest(str(path))
+        if manifest is None:
+            raise DataError(f"{path}: not a prepared data directory (no manifest.json)")
+        self.path, self.split, self.seq_len = str(path), split, seq_len
+        self.global_batch, self.seed, self.manifest = global_batch, seed, manifest
+        self.layout = manifest["layout"]
+        shards = manifest["splits"][split]["shards"]
+        tables = [_read_shard(self.path, s["file"]) for s in shards]
+        self._parts = [_flat(t, "ids") for t in tables]
+        self._starts = np.cumsum([0] + [len(p) for p in self._parts])
+        self.num_tokens = int(self._starts[-1])
+        label = f"{manifest.get('source', '?')} data at {self.path}, split '{split}'"
+        if self.layout == "examples":
+            self._example_len = manifest["example_len"]
+            if seq_len + 1 != self._example_len:
+                raise DataError(f"{label}: examples are {self._example_len} tokens, so seq_len must be "
+                                f"{self._example_len - 1} (got {seq_len})")
+            self._ids = np.concatenate(self._parts).reshape(-1, self._example_len)
+            self._mask = np.concatenate([_flat(t, "target_mask") for t in tables]).reshape(-1, self._example_len)
+            self.num_windows = len(self._ids)
+        else:
+            self.num_windows = max(0, (self.num_tokens - 1) // seq_len)
+        if self.num_windows < 1:
+            raise DataError(f"{label}: {self.num_tokens} tokens is smaller than one window of "
+                            f"seq_len + 1 = {seq_len + 1} tokens")
+
+    @lru_cache(maxsize=4)
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng((self.seed, epoch)).permutation(self.num_windows)
+
+    def window_indices(self, step: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
+        """Window ids read by `rank` at `step` (int64 [global_batch // world_size])."""
+        if world_size < 1 or self.global_batch % world_size:
+            raise ValueError(f"world_size={world_size} must divide global_batch={self.global_batch}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} outside [0, {world_size})")
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        b = self.global_batch // world_size
+        g = step * self.global_batch + rank * b + np.arange(b, dtype=np.int64)
+        epochs, pos = np.divmod(g, self.num_windows)
+        return np.array([self._permutation(int(e))[p] for e, p in zip(epochs, pos)], dtype=np.int64)
+
+    def _windows(self, idx: np.ndarray) -> np.ndarray:
+        if self.layout == "examples":
+            return self._ids[idx].astype(np.int64)
+        out = np.empty((len(idx), self.seq_len + 1), dtype=np.int64)
+        for row, w in enumerate(idx):
+            lo, hi = int(w) * self.seq_len, int(w) * self.seq_len + self.seq_len + 1
+            s = int(np.searchsorted(self._starts, lo, side="right")) - 1
+            filled = 0
+            while filled < hi - lo:  # a window may cross shard boundaries
+                a = lo + filled - self._starts[s]
+                piece = self._parts[s][a: a + (hi - lo - filled)]
+                out[row, filled: filled + len(piece)] = piece
+                filled += len(piece)
+                s += 1
+        return out
+
+    def _xy(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self._windows(idx)
+        y = w[:, 1:].copy()
+        if self.layout == "examples":
+            y[self._mask[idx][:, 1:] == 0] = -100
+        return torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(y)
+
+    def batch(self, step: int, rank: int = 0, world_size: int = 1) -> torch.Tensor:
+        """LongTensor [global_batch // world_size, seq_len + 1] for this rank at this step."""
+        return torch.from_numpy(self._windows(self.window_indices(step, rank, world_size)))
+
+    def xy(self, step: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) LongTensors [b, seq_len]: y[t] = x[t+1] (next token); for mqar y = -100 except on
+        value positions."""
+        return self._xy(self.window_indices(step, rank, world_size))
+
+    def _eval_indices(self, max_windows: int) -> np.ndarray:
+        # Evenly spaced over the split: the same subset for every run, independent of seed.
+        if self.num_windows <= max_windows:
+            return np.arange(self.num_windows)
+        return np.unique(np.linspace(0, self.num_windows - 1, max_windows).round().astype(np.int64))
+
+    def eval_batches(self, max_windows: int, batch_size: int) -> Iterator[torch.Tensor]:
+        """Fixed deterministic subset of at most `max_windows` windows, as LongTensors
+        [<= batch_size, seq_len + 1] (last batch may be smaller)."""
+        idx = self._eval_indices(max_windows)
+        for i in range(0, len(idx), batch_size):
+            yield torch.from_numpy(self._windows(idx[i: i + batch_size]))
+
+    def eval_xy(self, max_windows: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """eval_batches as (x, y) pairs, labels as in `xy`."""
+        idx = self._eval_indices(max_windows)
+        for i in range(0, len(idx), batch_size):
+            yield self._xy(idx[i: i + batch_size])

@@ -1,0 +1,309 @@
+"""Sources: turn a CorpusConfig into an ordered list of documents, plus a fingerprint of its inputs.
+
+Every source yields documents in a deterministic order (sorted relative paths, then row order),
+each with a stable id (``relpath`` or ``relpath#row``) that decides its train/val split. The
+fingerprint (sha256 of every input file, or the generator parameters) enters the content hash,
+so a changed file means a new prepared dataset. Undecodable bytes are replaced with U+FFFD and
+counted (never a crash mid-way); everything else that is wrong raises DataError naming the source.
+
+Documents are held in memory during prepare; cap large corpora with `max_bytes`/`max_documents`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import hashlib
+import json
+import os
+import re
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from .config import STDLIB_DEFAULT_EXCLUDE, CorpusConfig
+from .errors import DataError
+from .storage import is_uri, resolve
+
+# A WikiText article title row: " = Title = " (sections use " = = Section = = ").
+_WIKITEXT_TITLE = re.compile(r"^ = [^=].*[^=] = \n?$")
+_BLANK_LINES = re.compile(r"\n[ \t]*\n")
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    text: str
+    split: str | None = None  # forced split ("val" from val_paths / hf_val_split), else by hash
+
+
+@dataclass
+class DecodeStats:
+    """Undecodable input, counted rather than fatal."""
+
+    documents: int = 0
+    replaced_chars: int = 0
+    where: list[str] = field(default_factory=list)  # first few document ids, for the log
+
+    def decode(self, data: bytes, doc_id: str) -> str:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = data.decode("utf-8", errors="replace")
+            self.documents += 1
+            self.replaced_chars += text.count("\ufffd") - data.count("\ufffd".encode())
+            if len(self.where) < 10:
+                self.where.append(doc_id)
+            return text
+
+
+@dataclass(frozen=True)
+class _File:
+    id: str  # path relative to the pattern's base: stable across machines
+    fs: pafs.FileSystem
+    path: str
+
+
+def _read_bytes(f: _File) -> bytes:
+    with f.fs.open_input_stream(f.path) as s:
+        return s.read()
+
+
+def _excluded(rel: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(rel, p) for p in patterns)
+
+
+def _list_files(patterns: list[str], corpus: CorpusConfig) -> list[_File]:
+    """Files named by paths, directories (recursive) or globs; sorted by id; DataError if none."""
+    exclude = corpus.exclude or []
+    files: dict[str, _File] = {}
+    for pattern in patterns:
+        if is_uri(pattern):
+            fs, path = resolve(pattern)
+            info = fs.get_file_info(path)
+            if info.type == pafs.FileType.Directory:
+                found = [(i.path, os.path.relpath(i.path, path)) for i in
+                         fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.type == pafs.FileType.File]
+            elif info.type == pafs.FileType.File:
+                found = [(path, posixpath_basename(path))]
+            else:
+                raise DataError(f"{corpus.label()}: {pattern} does not exist")
+        else:
+            fs = pafs.LocalFileSystem()
+            p = os.path.expanduser(pattern)
+            if os.path.isdir(p):
+                found = [(str(q), str(q.relative_to(p))) for q in Path(p).rglob("*") if q.is_file()]
+            elif glob.has_magic(p):
+                base = p[: re.search(r"[*?\[]", p).start()]
+                base = base if base.endswith(os.sep) else os.path.dirname(base)
+                found = [(q, os.path.relpath(q, base or ".")) for q in glob.glob(p, recursive=True)
+                         if os.path.isfile(q)]
+            elif os.path.isfile(p):
+                found = [(p, os.path.basename(p))]
+            else:
+                raise DataError(f"{corpus.label()}: {pattern} does not exist")
+            found = [(os.path.abspath(a), r) for a, r in found]
+        for abs_path, rel in found:
+            if not any(part.startswith(".") for part in Path(rel).parts) and not _excluded(rel, exclude):
+                files.setdefault(rel, _File(rel, fs, abs_path))
+    if not files:
+        raise DataError(f"{corpus.label()}: no files match {patterns}")
+    return [files[k] for k in sorted(files)]
+
+
+def posixpath_basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def stdlib_root() -> Path:
+    """The running interpreter's standard library directory (sysconfig ``stdlib``)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _stdlib_files(corpus: CorpusConfig) -> list[_File]:
+    root = stdlib_root()
+    exclude = STDLIB_DEFAULT_EXCLUDE if corpus.exclude is None else corpus.exclude
+    fs = pafs.LocalFileSystem()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        # prune third-party packages (hundreds of MB) and caches instead of filtering afterwards
+        dirnames[:] = [d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")]
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in filenames:
+            if name.endswith(".py"):
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                if not _excluded(rel, exclude):
+                    out.append(_File(rel, fs, os.path.join(dirpath, name)))
+    if not out:
+        raise DataError(f"source 'stdlib' ({root}): no .py files found")
+    return sorted(out, key=lambda f: f.id)
+
+
+def _input_files(corpus: CorpusConfig) -> list[tuple[_File, str | None]]:
+    if corpus.source == "stdlib":
+        return [(f, None) for f in _stdlib_files(corpus)]
+    train = [(f, None) for f in _list_files(corpus.paths, corpus)]
+    val = [(f, "val") for f in _list_files(corpus.val_paths, corpus)] if corpus.val_paths else []
+    return train + val
+
+
+def fingerprint(corpus: CorpusConfig) -> dict:
+    """What the prepared data depends on besides the configs: sha256 of every input file
+    (stdlib: plus the interpreter version), the dataset identity for `hf`, nothing for `mqar`."""
+    if corpus.source == "mqar":
+        return {}
+    if corpus.source == "mixture":
+        return {str(i): fingerprint(c.corpus) for i, c in enumerate(corpus.components)}
+    if corpus.source == "hf":
+        return {"hf": f"{corpus.hf_path}/{corpus.hf_name}/{corpus.hf_split}/{corpus.hf_val_split}"}
+    out = {}
+    for f, split in _input_files(corpus):
+        out[("val:" if split else "") + f.id] = hashlib.sha256(_read_bytes(f)).hexdigest()
+    if corpus.source == "stdlib":
+        out["python"] = sys.version
+    return out
+
+
+def _group_rows(rows: Iterator[tuple[int, str]], boundary: str, file_id: str, split) -> Iterator[Document]:
+    """Rows -> documents: one per row, or WikiText articles started at their title row."""
+    if boundary != "wikitext_heading":
+        for i, text in rows:
+            yield Document(f"{file_id}#{i}", text, split)
+        return
+    start, buf = None, []
+    for i, text in rows:
+        if _WIKITEXT_TITLE.match(text) and buf:
+            yield Document(f"{file_id}#{start}", "".join(buf), split)
+            buf = []
+        if not buf:
+            start = i
+        buf.append(text)
+    if buf:
+        yield Document(f"{file_id}#{start}", "".join(buf), split)
+
+
+def _jsonl_rows(f: _File, corpus: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[int, str]]:
+    for lineno, raw in enumerate(_read_bytes(f).split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        line = stats.decode(raw, f"{f.id}:{lineno}")
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{corpus.label()}: {f.id} line {lineno} is not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict) or corpus.text_column not in row:
+            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise DataError(f"{corpus.label()}: {f.id} line {lineno} has no column '{corpus.text_column}' "
+                            f"(found {keys})")
+        value = row[corpus.text_column]
+        if value is not None:
+            yield lineno, str(value)
+
+
+def _parquet_rows(f: _File, corpus: CorpusConfig) -> Iterator[tuple[int, str]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(f.path, filesystem=f.fs)
+    except Exception as e:  # pyarrow raises several types for a non-Parquet file
+        raise DataError(f"{corpus.label()}: {f.id} is not a readable Parquet file ({e})") from None
+    names = pf.schema_arrow.names
+    if corpus.text_column not in names:
+        raise DataError(f"{corpus.label()}: {f.id} has no column '{corpus.text_column}' (columns: {names})")
+    i = 0
+    for batch in pf.iter_batches(columns=[corpus.text_column], batch_size=65536):
+        for value in batch.column(0).to_pylist():
+            if value is not None:
+                yield i, value if isinstance(value, str) else str(value)
+            i += 1
+
+
+def _hf_documents(corpus: CorpusConfig) -> Iterator[Document]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{corpus.label()}: needs the optional 'hf' extra (pip install 'qkstudy[hf]')") from None
+    boundary = "row" if corpus.document_boundary == "auto" else corpus.document_boundary
+    for split_name, split in ((corpus.hf_split, None), (corpus.hf_val_split, "val")):
+        if split_name is None:
+            continue
+        try:
+            ds = datasets.load_dataset(corpus.hf_path, corpus.hf_name, split=split_name)
+        except Exception as e:  # hub unreachable, unknown dataset, ...
+            raise DataError(f"{corpus.label()}: load_dataset failed ({e})") from None
+        if corpus.text_column not in ds.column_names:
+            raise DataError(f"{corpus.label()}: split '{split_name}' has no column '{corpus.text_column}' "
+                            f"(columns: {ds.column_names})")
+        rows = ((i, t) for i, t in enumerate(ds[corpus.text_column]) if t is not None)
+        yield from _group_rows(rows, boundary, split_name, split)
+
+
+def _file_documents(corpus: CorpusConfig, stats: DecodeStats) -> Iterator[Document]:
+    src = corpus.source
+    for f, split in _input_files(corpus):
+        if src in ("stdlib", "text"):
+            text = stats.decode(_read_bytes(f), f.id)
+            if corpus.document_boundary == "blank_lines":
+                for i, part in enumerate(_BLANK_LINES.split(text)):
+                    yield Document(f"{f.id}#{i}", part, split)
+            else:
+                yield Document(f.id, text, split)
+        else:
+            boundary = "row" if corpus.document_boundary == "auto" else corpus.document_boundary
+            rows = _jsonl_rows(f, corpus, stats) if src == "jsonl" else _parquet_rows(f, corpus)
+            yield from _group_rows(rows, boundary, f.id, split)
+
+
+def _mixture_documents(corpus: CorpusConfig, stats: DecodeStats) -> list[Document]:
+    """Weighted sampling without replacement: component i contributes round(w_i * M) documents,
+    M the largest total no component runs out at (or `max_documents`). Weights are in documents."""
+    pools = [load_documents(c.corpus, stats) for c in corpus.components]
+    w = np.array([c.weight for c in corpus.components], dtype=np.float64)
+    w /= w.sum()
+    total = min(len(p) / wi for p, wi in zip(pools, w))
+    if corpus.max_documents is not None:
+        total = min(total, corpus.max_documents)
+    rng = np.random.default_rng(corpus.seed)
+    picked = []
+    for i, (pool, wi) in enumerate(zip(pools, w)):
+        n = max(1, min(len(pool), int(round(wi * total))))
+        for j in np.sort(rng.choice(len(pool), size=n, replace=False)):
+            d = pool[j]
+            picked.append(Document(f"{i}:{d.id}", d.text, d.split))
+    return [picked[j] for j in rng.permutation(len(picked))]
+
+
+def load_documents(corpus: CorpusConfig, stats: DecodeStats | None = None) -> list[Document]:
+    """All non-empty documents of a text corpus, in deterministic order, caps applied.
+
+    Raises DataError (naming the source) for missing files, missing columns, malformed JSONL,
+    an unreachable `hf` dataset, or no documents at all.
+    """
+    stats = stats if stats is not None else DecodeStats()
+    if corpus.source == "mqar":
+        raise DataError("source 'mqar' is generated, it has no documents")
+    if corpus.source == "mixture":
+        docs = iter(_mixture_documents(corpus, stats))
+    elif corpus.source == "hf":
+        docs = _hf_documents(corpus)
+    else:
+        docs = _file_documents(corpus, stats)
+    out, nbytes = [], 0
+    for d in docs:
+        if not d.text.strip():
+            continue
+        if corpus.max_documents is not None and len(out) >= corpus.max_documents:
+            break
+        size = len(d.text.encode("utf-8"))
+        if corpus.max_bytes is not None and out and nbytes + size > corpus.max_bytes:
+            break
+        out.append(d)
+        nbytes += size
+    if not out:
+        raise DataError(f"{corpus.label()}: no documents (all inputs are empty)")
+    return out

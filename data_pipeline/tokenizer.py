@@ -1,0 +1,79 @@
+"""SentencePiece tokenizer training on a deterministic sample of the train split.
+
+Normalisation is the identity and whitespace is kept (``remove_extra_whitespaces=False``,
+no dummy prefix, whitespace-only pieces allowed) so that decode(encode(text)) == text for code
+as well as prose; newline and tab are user-defined pieces because SentencePiece trains on lines.
+With ``byte_fallback`` unseen characters become byte pieces instead of ``<unk>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from .config import TokenizerConfig
+from .errors import DataError
+
+EOD_PIECE = "</s>"
+
+
+def sample_sentences(texts: Sequence[str], cfg: TokenizerConfig) -> list[str]:
+    """Non-empty lines of `texts` (at most `max_sentence_length` bytes), sampled down to
+    `max_sentences` with a fixed-seed draw so the tokenizer is reproducible."""
+    lines = [ln for t in texts for ln in t.split("\n")
+             if ln.strip() and len(ln.encode("utf-8")) <= cfg.max_sentence_length]
+    if len(lines) > cfg.max_sentences:
+        keep = np.sort(np.random.default_rng(0).choice(len(lines), cfg.max_sentences, replace=False))
+        lines = [lines[i] for i in keep]
+    return lines
+
+
+def train_tokenizer(texts: Sequence[str], cfg: TokenizerConfig, label: str, num_threads: int = 1) -> bytes:
+    """Train a SentencePiece model on `texts`; returns the serialized model proto.
+
+    Raises DataError naming `label` (the source) when there is nothing to train on or the vocab
+    is larger than the sample supports.
+    """
+    sentences = sample_sentences(texts, cfg)
+    if not sentences:
+        raise DataError(f"{label}: no text lines to train the tokenizer on")
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, model_type=cfg.kind,
+            vocab_size=cfg.vocab_size, byte_fallback=cfg.byte_fallback,
+            character_coverage=cfg.character_coverage, max_sentence_length=cfg.max_sentence_length,
+            normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
+            allow_whitespace_only_pieces=True, user_defined_symbols=["\n", "\t"],
+            input_sentence_size=0, num_threads=max(1, num_threads), minloglevel=2,
+        )
+    except RuntimeError as e:
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+        if "too high" in msg or "vocab" in msg.lower():
+            raise DataError(f"{label}: tokenizer vocab_size={cfg.vocab_size} is larger than the corpus "
+                            f"supports ({msg})") from None
+        raise DataError(f"{label}: tokenizer training failed ({msg})") from None
+    proto = model.getvalue()
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    if sp.get_piece_size() != cfg.vocab_size:
+        raise DataError(f"{label}: tokenizer vocab_size={cfg.vocab_size} is larger than the corpus supports "
+                        f"(trained only {sp.get_piece_size()} pieces)")
+    return proto
+
+
+def model_hash(proto: bytes) -> str:
+    """sha256 of the serialized model: enters the manifest and the run identity."""
+    return hashlib.sha256(proto).hexdigest()
+
+
+def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
+    """Load a tokenizer written by prepare (local path or pyarrow URI)."""
+    from .storage import resolve
+
+    fs, p = resolve(path)
+    with fs.open_input_stream(p) as f:
+        return spm.SentencePieceProcessor(model_proto=f.read())
