@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from model.attention import CausalSelfAttention
 from model.config import ModelConfig
@@ -122,10 +123,27 @@ class ModelCounts(NamedTuple):
     flops_per_token: int  # training = 3 x forward
 
 
+class _NoInitOnMeta(TorchFunctionMode):
+    """Skip in-place ops (initialisers such as nn.init.normal_, Tensor.uniform_) on meta
+    tensors: they hold no values, and torch routes them through Python decompositions whose
+    first call imports torch._dynamo (seconds)."""
+
+    _INIT = {"normal_", "uniform_", "fill_", "zero_", "ones_", "zeros_", "constant_",
+             "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "trunc_normal_"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in self._INIT:
+            target = args[0] if args else kwargs.get("tensor")  # nn.init passes tensor=
+            if isinstance(target, torch.Tensor) and target.is_meta:
+                return target
+        return func(*args, **kwargs)
+
+
 def count_model(cfg: ModelConfig) -> ModelCounts:
     """Parameter and FLOP counts of `GPT(cfg)` at cfg.seq_len without allocating weights
     (the model is built on the meta device; milliseconds even at 350m)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _NoInitOnMeta():
         m = GPT(cfg)
     fwd = m.num_flops_per_token()
     return ModelCounts(m.num_params(True), m.num_params(False), fwd, 3 * fwd)
