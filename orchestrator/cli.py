@@ -217,6 +217,81 @@ def export(study: str = typer.Argument(..., help="Study name or spec path."),
     err.print(f"wrote {out_file}")
 
 
+@app.command()
+@_input_errors
+def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the current folder."),
+           address: str = typer.Option(..., help="Ray dashboard URL, e.g. https://HEAD:8265."),
+           image: Optional[str] = typer.Option(None, help="Container image for the job (runtime_env image_uri)."),
+           allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host.")) -> None:
+    """Send a study to a Ray cluster through the Job Submission API; print the job id."""
+    from .security import InsecureAddressError
+    from .submit import submit as submit_job
+
+    try:
+        job_id = submit_job(spec, address, image=image, allow_insecure=allow_insecure)
+    except InsecureAddressError as e:
+        err.print(f"[red]error[/]: {e}")
+        raise typer.Exit(EXIT_INPUT)
+    except ValueError as e:
+        from .spec import SpecError
+
+        if isinstance(e, SpecError):
+            raise
+        err.print(f"[red]error[/]: {e}")
+        raise typer.Exit(EXIT_INPUT)
+    print(job_id)
+
+
+@app.command()
+@_input_errors
+def status(study: str = typer.Argument(..., help="Study name or spec path."),
+           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+           address: Optional[str] = typer.Option(None, help="Ray dashboard URL: also list the study's Ray jobs."),
+           allow_insecure: bool = typer.Option(False, "--allow-insecure"),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Each run's state from MLflow (and the study's Ray jobs with --address)."""
+    from .status import study_status
+
+    name, uri = _study_uri(study, tracking_uri)
+    planned = _load(Path(study)) if Path(study).is_file() else None
+    rows = study_status(name, uri, planned)
+    jobs = []
+    if address:
+        from .submit import study_jobs
+
+        jobs = study_jobs(address, name, allow_insecure=allow_insecure)
+    if as_json:
+        print(json.dumps({"runs": rows, "jobs": jobs}, indent=2, default=str))
+        return
+    t = Table(title=f"{name}: {len(rows)} runs ({uri})")
+    for c in ("run", "run_id", "status", "tokens", "planned", "val ppl", "note"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["run_name"], r["run_id"], r["status"], f"{r['tokens']:,}" if r["tokens"] is not None else "-",
+                  f"{r['planned_tokens']:,}" if r["planned_tokens"] else "-",
+                  f"{r['val_ppl']:.2f}" if r["val_ppl"] is not None else "-", r["note"])
+    out.print(t)
+    for j in jobs:
+        out.print(f"ray job {j['job_id']}: {j['status']} {j['message'] or ''}")
+
+
+@app.command()
+def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy submit`."),
+         address: str = typer.Option(..., help="Ray dashboard URL."),
+         follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep printing until the job ends."),
+         allow_insecure: bool = typer.Option(False, "--allow-insecure")) -> None:
+    """Print (and follow) a submitted job's logs."""
+    from .submit import follow_logs
+
+    try:
+        for chunk in follow_logs(address, job_id, follow=follow, allow_insecure=allow_insecure):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+    except ValueError as e:
+        err.print(f"[red]error[/]: {e}")
+        raise typer.Exit(EXIT_INPUT)
+
+
 @data_app.command("prepare")
 @_input_errors
 def data_prepare(source: str = typer.Option("stdlib", help="stdlib | text | jsonl | parquet | hf | mixture | mqar"),

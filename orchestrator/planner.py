@@ -72,6 +72,7 @@ class RunSpec(BaseModel):
 
     study: str
     run_id: str
+    corpus_name: str
     variant: str
     model_variant: str
     options: dict[str, Any]
@@ -97,8 +98,10 @@ class RunSpec(BaseModel):
 
     @property
     def run_name(self) -> str:
-        """Human-readable MLflow run name, e.g. ``coupled-cpu-s-s0-x1``."""
-        return f"{self.variant}-{self.scale}-s{self.seed}-x{_fmt_extend(self.extend)}"
+        """Human-readable MLflow run name, e.g. ``coupled-cpu-s-s0-x1`` (``@corpus`` appended
+        when the study has several corpora)."""
+        name = f"{self.variant}-{self.scale}-s{self.seed}-x{_fmt_extend(self.extend)}"
+        return name if self.corpus_name == self.corpus.get("source") else f"{name}@{self.corpus_name}"
 
     @property
     def extend_tag(self) -> str:
@@ -148,12 +151,19 @@ def _steps_for(tokens: float, tokens_per_step: int) -> int:
 
 
 def plan(study: Study) -> list[RunSpec]:
-    """Expand a study into runs, ordered by scale, then variant, then seed, then extend.
+    """Expand a study into runs, ordered by corpus, scale, variant, seed, then extend.
 
     Raises:
         PlanError: a budget that rounds to less than one optimizer step, or a wallclock
             study without declared throughput.
     """
+    runs: list[RunSpec] = []
+    for corpus_name, corpus in study.corpus_map.items():
+        runs.extend(_plan_corpus(study, corpus_name, corpus.model_dump(mode="json")))
+    return runs
+
+
+def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any]) -> list[RunSpec]:
     runs: list[RunSpec] = []
     vocab = study.tokenizer.vocab_size
     for scale in study.scales:
@@ -206,7 +216,7 @@ def plan(study: Study) -> list[RunSpec]:
                         "steps": steps,
                         "train": train.model_dump(),
                         "eval": [eval_every, study.eval.max_windows, study.eval.final_max_windows, study.eval.diagnostics],
-                        "corpus": study.corpus.model_dump(mode="json"),
+                        "corpus": corpus,
                         "tokenizer": study.tokenizer.model_dump(mode="json"),
                     }
                     tokens = steps * tps
@@ -214,6 +224,7 @@ def plan(study: Study) -> list[RunSpec]:
                         RunSpec(
                             study=study.name,
                             run_id=run_identity(identity),
+                            corpus_name=corpus_name,
                             variant=v.name,
                             model_variant=v.model_variant,
                             options=v.options,
@@ -233,7 +244,7 @@ def plan(study: Study) -> list[RunSpec]:
                             final_max_windows=study.eval.final_max_windows,
                             diagnostics=study.eval.diagnostics,
                             checkpoint_every_evals=study.eval.checkpoint_every_evals,
-                            corpus=study.corpus.model_dump(mode="json"),
+                            corpus=corpus,
                             tokenizer=study.tokenizer.model_dump(mode="json"),
                             resources=study.resources,
                         )

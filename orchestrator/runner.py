@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .planner import RunSpec, plan
 from .progress import board_name, get_board
 from .spec import Study
-from .tracking import (KIND_TAG, STATUS_FAILED, STATUS_FINISHED, client_for, create_run, ensure_experiment, find_train_runs,
+from .tracking import (KIND_TAG, STATUS_FAILED, STATUS_QUEUED, STATUS_FINISHED, client_for, create_run, ensure_experiment, find_train_runs,
                        run_status, set_status)
 
 
@@ -50,16 +50,8 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
     """Join ``address`` (or RAY_ADDRESS), else start a local Ray; no-op when connected."""
     if ray.is_initialized():
         return
-    env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")} if not _has_cuda() else {}
-    ray.init(address=address or os.environ.get("RAY_ADDRESS"), namespace="qkstudy", log_to_driver=verbose,
-             runtime_env={"env_vars": env} if env else None, configure_logging=verbose,
-             logging_level="INFO" if verbose else "ERROR")
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, namespace="qkstudy", log_to_driver=verbose,
+             configure_logging=verbose, logging_level="INFO" if verbose else "ERROR")
 
 
 def run_demands(run: RunSpec) -> dict[str, float]:
@@ -104,9 +96,28 @@ def _prepare_task(corpus: dict, tokenizer: dict, cache_root: str | None) -> dict
     return {"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size}
 
 
-def prepare_data(corpus: dict, tokenizer: dict) -> dict[str, Any]:
-    """Prepare (or find cached) a corpus as one Ray task; returns its path and content hash."""
-    return ray.get(_prepare_task.remote(corpus, tokenizer, os.environ.get("QKSTUDY_CACHE")))
+def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
+    """Prepare (or find cached) each corpus the runs need, one Ray task per corpus, all at
+    once; returns corpus name -> {path, content_hash, vocab_size}.
+
+    Raises:
+        DataError: a corpus cannot be prepared (the task's error, re-raised here).
+    """
+    from data_pipeline import DataError
+
+    wanted = {r.corpus_name: (r.corpus, r.tokenizer) for r in runs}
+    cache = os.environ.get("QKSTUDY_CACHE")
+    refs = {name: _prepare_task.remote(c, t, cache) for name, (c, t) in wanted.items()}
+    out = {}
+    for name, ref in refs.items():
+        try:
+            out[name] = ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            if isinstance(cause, DataError):
+                raise DataError(f"corpus {name!r}: {cause}") from None
+            raise
+    return out
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -167,7 +178,7 @@ def run_study(study: Study, *, address: str | None = None, console: Console | No
 def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_path: str, *,
              address: str | None = None, console: Console | None = None, verbose: bool = False,
              max_in_flight: int | None = None) -> StudyResult:
-    """Schedule ``runs`` (all of one study and corpus) on Ray; see ``run_study``.
+    """Schedule ``runs`` (all of one study) on Ray; see ``run_study``.
 
     ``qkstudy train RUN.yaml`` calls this with one run: the same code path as a study.
     """
@@ -183,12 +194,14 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
     init_ray(address, verbose)
     nodes = _alive_nodes()
     console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {tracking_uri}")
-    with console.status("preparing data (Ray task)"):
-        data = prepare_data(runs[0].corpus, runs[0].tokenizer)
-    console.print(f"data: {data['path']} (content {data['content_hash'][:12]})")
+    with console.status("preparing data (Ray tasks)"):
+        datasets = prepare_data(runs)
+    for name, d in datasets.items():
+        console.print(f"data {name}: {d['path']} (content {d['content_hash'][:12]})")
 
     todo: list[tuple[RunSpec, str]] = []
     for run in runs:
+        data = datasets[run.corpus_name]
         prev = existing.get(run.run_id)
         same_data = prev is not None and prev.data.params.get("data_hash") == data["content_hash"]
         if same_data and run_status(prev) == STATUS_FINISHED:
@@ -201,7 +214,7 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
             continue
         if same_data:
             mlflow_id = prev.info.run_id  # resume: the same MLflow run and Ray Train run name
-            set_status(client, mlflow_id, "running")
+            set_status(client, mlflow_id, STATUS_QUEUED)
         else:
             if prev is not None:  # trained on other data: keep the record, but it no longer counts
                 client.set_tag(prev.info.run_id, KIND_TAG, "stale")
@@ -212,7 +225,7 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
         console.print(f"{skipped} run(s) already finished in MLflow: skipped")
 
     if todo:
-        _launch_and_watch(study_name, todo, data, tracking_uri, storage_path, result, console, nodes, max_in_flight)
+        _launch_and_watch(study_name, todo, datasets, tracking_uri, storage_path, result, console, nodes, max_in_flight)
     result.wall_s = time.time() - t0
     return result
 
@@ -236,7 +249,7 @@ def _capacity(run: RunSpec, nodes: list[dict[str, float]]) -> int:
     return max(1, n)
 
 
-def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], data: dict[str, Any], uri: str,
+def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], datasets: dict[str, dict[str, Any]], uri: str,
                       storage: str, result: StudyResult, console: Console, nodes: list[dict[str, float]],
                       max_in_flight: int | None) -> None:
     board = get_board(study_name)
@@ -259,7 +272,8 @@ def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], data: di
         while pending or in_flight:
             while pending and len(in_flight) < limit:
                 run, mlflow_id = pending.pop(0)
-                ref = _fit_run.remote(run.model_dump(mode="json"), data["path"], uri, mlflow_id, storage, bname)
+                ref = _fit_run.remote(run.model_dump(mode="json"), datasets[run.corpus_name]["path"], uri, mlflow_id,
+                                      storage, bname)
                 in_flight[ref] = run
             ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=1.0)
             snap = ray.get(board.snapshot.remote())

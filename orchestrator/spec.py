@@ -158,7 +158,9 @@ class Study(_Strict):
 
     name: str
     description: str = ""
-    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    # One corpus, or several by name (a corpus-sensitivity study); default: the CPython stdlib.
+    corpus: CorpusConfig | None = None
+    corpora: dict[str, CorpusConfig] | None = None
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     scales: list[str] = Field(min_length=1)
     variants: list[VariantSpec] = Field(min_length=1)
@@ -217,8 +219,22 @@ class Study(_Strict):
                 raise ValueError(f"extend multipliers must be > 1 (the planned run is 1), got {e}")
         return sorted(set(v))
 
+    @property
+    def corpus_map(self) -> dict[str, CorpusConfig]:
+        """Corpora by name: ``corpora`` as given, or the single ``corpus`` under its source
+        name (the default: the CPython stdlib)."""
+        if self.corpora:
+            return dict(self.corpora)
+        c = self.corpus or CorpusConfig()
+        return {c.source: c}
+
     @model_validator(mode="after")
     def _cross_checks(self) -> "Study":
+        if self.corpus is not None and self.corpora is not None:
+            raise ValueError("give either corpus (one) or corpora (name -> corpus), not both")
+        for name in self.corpora or {}:
+            if not _NAME_RE.match(name):
+                raise ValueError(f"corpora: name {name!r} must use letters, digits, '_', '.', '-'")
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ValueError(f"variant names repeat: {names}")
@@ -279,7 +295,11 @@ def _check_corpus_paths(study: Study) -> list[tuple[str, str]]:
         for j, c in enumerate(corpus.components):
             check(c.corpus, f"{where}.components[{j}].corpus")
 
-    check(study.corpus, "corpus")
+    if study.corpora:
+        for name, c in study.corpora.items():
+            check(c, f"corpora.{name}")
+    elif study.corpus is not None:
+        check(study.corpus, "corpus")
     return problems
 
 

@@ -17,7 +17,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 KIND_TAG = "qkstudy.kind"
-STATUS_RUNNING, STATUS_FINISHED, STATUS_FAILED = "running", "finished", "failed"
+STATUS_QUEUED, STATUS_RUNNING, STATUS_FINISHED, STATUS_FAILED = "queued", "running", "finished", "failed"
 
 
 def client_for(uri: str) -> MlflowClient:
@@ -61,8 +61,8 @@ def find_train_runs(client: MlflowClient, experiment_id: str) -> dict[str, Any]:
 
 
 def run_status(run: Any) -> str:
-    """``finished``, ``failed`` or ``running`` from the run's ``status`` tag."""
-    return run.data.tags.get("status", STATUS_RUNNING)
+    """``queued``, ``running``, ``finished`` or ``failed`` from the run's ``status`` tag."""
+    return run.data.tags.get("status", STATUS_QUEUED)
 
 
 def create_run(client: MlflowClient, experiment_id: str, spec: Any, extra_params: dict[str, Any] | None = None) -> str:
@@ -75,9 +75,9 @@ def create_run(client: MlflowClient, experiment_id: str, spec: Any, extra_params
         "model_variant": spec.model_variant,
         "scale": spec.scale,
         "seed": str(spec.seed),
-        "corpus": spec.corpus.get("name") or spec.corpus.get("source", "unknown"),
+        "corpus": spec.corpus_name,
         "extend": spec.extend_tag,
-        "status": STATUS_RUNNING,
+        "status": STATUS_QUEUED,
     }
     run = client.create_run(experiment_id, run_name=spec.run_name, tags=tags)
     params = {

@@ -28,7 +28,7 @@ import torch
 from .optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
 from .planner import RunSpec
 from .progress import report_progress
-from .tracking import STATUS_FAILED, STATUS_FINISHED, MetricBuffer, client_for, last_logged_step, set_status
+from .tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_RUNNING, MetricBuffer, client_for, last_logged_step, set_status
 
 # Fault injection for the resume tests: the worker process dies hard (as a preempted node
 # would) right after this optimizer step, on its first attempt only (no checkpoint restored).
@@ -183,6 +183,7 @@ class RunLoop:
         if self.rank == 0:
             client = client_for(self.tracking_uri)
             metrics = MetricBuffer(client, self.mlflow_run_id, resume_after=last_logged_step(client, self.mlflow_run_id))
+            set_status(client, self.mlflow_run_id, STATUS_RUNNING)
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         t_last, tok_last = time.perf_counter(), step * tps
         peak = _peak_flops()

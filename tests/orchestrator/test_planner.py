@@ -95,3 +95,13 @@ def test_runspec_roundtrips_through_json():
 
     r = _plan()[0]
     assert RunSpec.model_validate(json.loads(r.model_dump_json())) == r
+
+
+def test_several_corpora_plan_each_with_its_own_identity():
+    runs = _plan(corpora={"code": {"source": "stdlib"}, "small": {"source": "stdlib", "max_documents": 50}}, extend=[])
+    assert len(runs) == 2 * 2 * 2 * 3  # corpora x scales x seeds x variants
+    assert {r.corpus_name for r in runs} == {"code", "small"}
+    assert len({r.run_id for r in runs}) == len(runs)
+    assert runs[-1].run_name.endswith("@small")
+    with pytest.raises(Exception, match="either corpus"):
+        _plan(corpus={"source": "stdlib"}, corpora={"a": {"source": "stdlib"}})

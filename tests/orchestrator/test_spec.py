@@ -77,7 +77,7 @@ def test_good_spec_defaults(tmp_path):
     s = load_spec(spec)
     assert [v.name for v in s.variants] == ["standard", "coupled"]
     assert s.variants[1].options == {"integrator": "leapfrog", "n_steps": 2}
-    assert s.corpus.source == "stdlib" and s.seeds == [0] and s.resources.zero_stage == 2
+    assert list(s.corpus_map) == ["stdlib"] and s.seeds == [0] and s.resources.zero_stage == 2
     assert s.resolved_tracking_uri.startswith("sqlite:///") and s.resolved_tracking_uri.endswith("runs/t/mlflow.db")
 
 

@@ -1,0 +1,36 @@
+"""Study status from MLflow: one row per run (planned runs not yet started included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .tracking import client_for, find_train_runs
+
+
+def study_status(study: str, tracking_uri: str, spec: Any | None = None) -> list[dict[str, Any]]:
+    """Rows {run_name, run_id, status, tokens, planned_tokens, val_ppl, note} for a study.
+
+    With the study's spec, planned runs that MLflow does not hold yet appear as ``planned``.
+    A study with no experiment yet has only planned rows (or none without a spec).
+    """
+    client = client_for(tracking_uri)
+    exp = client.get_experiment_by_name(study)
+    runs = find_train_runs(client, exp.experiment_id) if exp is not None else {}
+    rows = []
+    for run_id, r in runs.items():
+        m, t, p = r.data.metrics, r.data.tags, r.data.params
+        rows.append({
+            "run_name": r.info.run_name, "run_id": run_id, "status": t.get("status", "running"),
+            "tokens": int(m["tokens"]) if "tokens" in m else None,
+            "planned_tokens": int(p["planned_tokens"]) if "planned_tokens" in p else None,
+            "val_ppl": m.get("val/ppl"), "note": t.get("failure_reason", "")[:120],
+        })
+    if spec is not None:
+        from .planner import plan
+
+        for run in plan(spec):
+            if run.run_id not in runs:
+                rows.append({"run_name": run.run_name, "run_id": run.run_id, "status": "planned", "tokens": None,
+                             "planned_tokens": run.tokens, "val_ppl": None, "note": ""})
+    order = {"running": 0, "failed": 1, "queued": 2, "planned": 3, "finished": 4}
+    return sorted(rows, key=lambda r: (order.get(r["status"], 9), r["run_name"]))

@@ -1,0 +1,142 @@
+"""Training runs through real Ray Train workers and real DeepSpeed engines on CPU:
+worker-count and ZeRO-stage invariance, kill-and-resume, divergence, exact budgets."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+
+from orchestrator.planner import plan
+from orchestrator.runner import run_runs, run_study
+from orchestrator.spec import parse_spec
+
+pytestmark = pytest.mark.slow
+
+BASE = {
+    "name": "t",
+    "corpus": {"source": "stdlib", "max_documents": 60},
+    "tokenizer": {"vocab_size": 512},
+    "scales": ["cpu-xs"],
+    "variants": ["standard"],
+    "budget": {"mode": "tokens", "tokens": 50 * 8 * 64},
+    "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 1},
+    "eval": {"num_evals": 5, "max_windows": 8, "final_max_windows": 16, "diagnostics": False},
+}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _history(uri, study, key):
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name(study)
+    (run,) = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
+    return run, [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, key)]
+
+
+def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
+    curves = {}
+    for workers in (1, 2):
+        for stage in (2, 3):
+            name = f"w{workers}z{stage}"
+            study = parse_spec({**BASE, "name": name, "resources": {"workers": workers, "zero_stage": stage}})
+            uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
+            res = run_runs(plan(study), name, uri, str(tmp_path / name / "ray"), console=Console(quiet=True))
+            assert res.ok, res.reasons
+            run, curve = _history(uri, name, "train/loss")
+            assert [s for s, _ in curve] == [512 * i for i in range(1, 51)]
+            curves[name] = [v for _, v in curve]
+    ref = curves["w1z2"]
+    assert ref[-1] < ref[0] - 1.0  # it learns
+    for name, c in curves.items():
+        worst = max(abs(a - b) / abs(b) for a, b in zip(c, ref))
+        assert worst < 1e-3, (name, worst)
+
+
+def test_divergent_run_fails_with_reason_and_study_finishes(local_ray, tmp_path):
+    spec = {**BASE, "name": "diverge", "variants": ["standard", {"name": "hot", "kind": "standard", "lr": 1e4}],
+            "workdir": str(tmp_path / "diverge")}
+    study = parse_spec(spec)
+    res = run_study(study, console=Console(quiet=True))
+    c = MlflowClient(study.resolved_tracking_uri)
+    exp = c.get_experiment_by_name("diverge")
+    runs = {r.data.tags["variant"]: r for r in c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")}
+    hot, ok = runs["hot"], runs["standard"]
+    assert hot.data.tags["status"] == "failed" and hot.info.status == "FAILED"
+    assert hot.data.tags["failure_reason"].startswith("non-finite")
+    failed_at = int(hot.data.tags["failed_at_tokens"])
+    assert 0 < failed_at < 50 * 512
+    assert ok.data.tags["status"] == "finished" and ok.data.metrics["tokens"] == 50 * 512
+    assert not res.ok and sorted(res.status.values()) == ["failed", "finished"]
+
+
+def _write_run(tmp_path, name):
+    (run,) = plan(parse_spec({**BASE, "name": name, "resources": {"workers": 2, "zero_stage": 2, "max_retries": 2},
+                              "eval": {**BASE["eval"], "num_evals": 5}}))
+    f = tmp_path / f"{name}.yaml"
+    f.write_text(yaml.safe_dump(run.model_dump(mode="json")))
+    return run, f
+
+
+def _train(f, cwd, env, **kw):
+    exe = Path(sys.executable).with_name("qkstudy")
+    return subprocess.run([str(exe), "train", str(f)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kw)
+
+
+def test_kill_and_resume_matches_uninterrupted(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run, f = _write_run(tmp_path, "resume")
+    clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
+    clean_dir.mkdir(), killed_dir.mkdir()
+    res = _train(f, clean_dir, env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    # A worker process dies hard after step 25 (after the checkpoint at step 20); Ray's
+    # FailureConfig restarts the workers, which resume from the checkpoint.
+    res = _train(f, killed_dir, {**env, "QKSTUDY_TEST_KILL_AT_STEP": "25"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    uri = lambda d: f"sqlite:///{d / 'runs/resume/mlflow.db'}"  # noqa: E731
+    clean_run, clean_val = _history(uri(clean_dir), "resume", "val/loss")
+    killed_run, killed_val = _history(uri(killed_dir), "resume", "val/loss")
+    assert killed_val[-1][0] == clean_val[-1][0] == run.tokens
+    assert math.isclose(killed_val[-1][1], clean_val[-1][1], rel_tol=1e-5)
+    _, steps = _history(uri(killed_dir), "resume", "train/loss")
+    assert [s for s, _ in steps] == [512 * i for i in range(1, 51)]  # strictly increasing, no gaps or repeats
+    _, clean_steps = _history(uri(clean_dir), "resume", "train/loss")
+    assert max(abs(a[1] - b[1]) for a, b in zip(steps, clean_steps)) < 1e-5
+    # the restart really happened: Ray Train holds checkpoints from before the kill
+    assert killed_run.data.tags["status"] == "finished"
+
+
+def test_resubmitting_after_driver_killed_resumes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run, f = _write_run(tmp_path, "resubmit")
+    d = tmp_path / "w"
+    d.mkdir()
+    exe = Path(sys.executable).with_name("qkstudy")
+    p = subprocess.Popen([str(exe), "train", str(f)], cwd=d, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    ckpts = d / "runs/resubmit/ray" / run.run_id
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(ckpts.glob("checkpoint_*")):
+        time.sleep(0.5)
+    assert list(ckpts.glob("checkpoint_*")), "no checkpoint appeared"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    res = _train(f, d, env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    mlrun, steps = _history(f"sqlite:///{d / 'runs/resubmit/mlflow.db'}", "resubmit", "train/loss")
+    assert [s for s, _ in steps] == [512 * i for i in range(1, 51)]
+    assert mlrun.data.tags["status"] == "finished" and mlrun.data.metrics["tokens"] == run.tokens
