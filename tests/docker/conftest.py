@@ -133,7 +133,7 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield PostgresServer("127.0.0.1", port, user, password)
     finally:
         subprocess.run(
-            _as_pg_owner([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
+            _as_pg_owner([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
             capture_output=True, timeout=60,
         )
         shutil.rmtree(root, ignore_errors=True)
@@ -155,16 +155,27 @@ def wait_http(url: str, *, timeout_s: float, proc: subprocess.Popen | None = Non
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
+class MlflowServer(tuple):
+    """``(tracking_uri, username, password)``, plus where the server logs and its secrets."""
+
+    def __new__(cls, uri: str, username: str, password: str, *, log_path: Path,
+                secrets_in_env: tuple[str, ...]) -> "MlflowServer":
+        obj = super().__new__(cls, (uri, username, password))
+        obj.log_path = log_path
+        obj.secrets_in_env = secrets_in_env
+        return obj
+
+
 @pytest.fixture(scope="session")
 def mlflow_pg_server(
     postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str, str]]:
+) -> Iterator[MlflowServer]:
     """`mlflow server --app-name basic-auth` on loopback with a Postgres backend store.
 
     Configured like docker/compose.yaml: the committed docker/mlflow/basic_auth.ini (no secrets;
     its sqlite auth-db path is overridden to a temp file here), backend URI and admin
     credentials from environment variables only, artifacts proxied to a local directory.
-    Yields ``(tracking_uri, username, password)``.
+    Yields an `MlflowServer`: unpacks as ``(tracking_uri, username, password)``.
     """
     work = tmp_path_factory.mktemp("mlflow-server")
     backend_uri = postgres_server.create_database("mlflow")
@@ -202,11 +213,15 @@ def mlflow_pg_server(
             log.flush()
             tail = (work / "server.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"mlflow server did not come up: {err}\n{tail}") from err
-        yield uri, username, password
+        yield MlflowServer(
+            uri, username, password, log_path=work / "server.log",
+            secrets_in_env=(password, postgres_server.password,
+                            env["MLFLOW_FLASK_SERVER_SECRET_KEY"]),
+        )
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

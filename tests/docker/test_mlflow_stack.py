@@ -1,0 +1,105 @@
+"""The stack's tracking half, for real and without containers: `mlflow server --app-name
+basic-auth` on loopback over a Postgres backend (fixtures in conftest.py). A run logged with
+credentials lands in Postgres; requests without or with wrong credentials get 401; no secret
+appears in the server's log."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+SEARCH = "/api/2.0/mlflow/experiments/search?max_results=5"
+
+
+def status_of(url: str, *, auth: tuple[str, str] | None = None, body: dict | None = None) -> int:
+    """HTTP status of a GET (or a JSON POST when `body` is given)."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    if data:
+        req.add_header("Content-Type", "application/json")
+    if auth:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@pytest.fixture
+def client(mlflow_pg_server, monkeypatch) -> MlflowClient:
+    uri, username, password = mlflow_pg_server
+    # The standard variables: the product never takes credentials from a spec.
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", username)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    return MlflowClient(tracking_uri=uri)
+
+
+def test_run_logged_with_credentials_lands_in_postgres(
+    client: MlflowClient, postgres_server, tmp_path
+) -> None:
+    import psycopg
+
+    experiment = f"qkstudy-stack-{uuid.uuid4().hex[:8]}"
+    exp_id = client.create_experiment(experiment)
+    run = client.create_run(exp_id, tags={"study": experiment, "variant": "coupled", "seed": "0"})
+    run_id = run.info.run_id
+    curve = [(4096 * (i + 1), 6.0 / (i + 1)) for i in range(5)]  # (tokens seen, val/loss)
+    for tokens, loss in curve:
+        client.log_metric(run_id, "val/loss", loss, step=tokens)
+    client.log_param(run_id, "scale", "cpu-tiny")
+    (tmp_path / "plan.json").write_text(json.dumps({"runs": 1}))
+    client.log_artifact(run_id, str(tmp_path / "plan.json"))  # proxied to the artifact store
+    client.set_terminated(run_id)
+
+    # Through the API ...
+    history = client.get_metric_history(run_id, "val/loss")
+    assert sorted((m.step, m.value) for m in history) == curve
+    assert client.get_run(run_id).data.tags["variant"] == "coupled"
+    downloaded = client.download_artifacts(run_id, "plan.json", str(tmp_path / "dl"))
+    assert json.loads(open(downloaded).read()) == {"runs": 1}
+    # ... and in the Postgres backend store itself.
+    with psycopg.connect(
+        host=postgres_server.host, port=postgres_server.port, user=postgres_server.user,
+        password=postgres_server.password, dbname="mlflow",
+    ) as conn:
+        rows = conn.execute(
+            "SELECT step, value FROM metrics WHERE run_uuid = %s AND key = 'val/loss' ORDER BY step",
+            (run_id,),
+        ).fetchall()
+        status = conn.execute("SELECT status FROM runs WHERE run_uuid = %s", (run_id,)).fetchone()
+    assert [(int(s), float(v)) for s, v in rows] == curve
+    assert status == ("FINISHED",)
+
+
+def test_requests_without_valid_credentials_are_refused(mlflow_pg_server) -> None:
+    uri, username, password = mlflow_pg_server
+    assert status_of(uri + SEARCH, auth=(username, password)) == 200
+    assert status_of(uri + SEARCH) == 401
+    assert status_of(uri + SEARCH, auth=(username, password + "x")) == 401
+    assert status_of(uri + SEARCH, auth=("nobody", password)) == 401
+    create = "/api/2.0/mlflow/experiments/create"
+    assert status_of(uri + create, body={"name": f"anon-{uuid.uuid4().hex[:6]}"}) == 401
+
+
+def test_client_without_credentials_is_refused(mlflow_pg_server, monkeypatch) -> None:
+    from mlflow.exceptions import MlflowException
+
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    with pytest.raises(MlflowException, match="401|nauthorized|credentials"):
+        MlflowClient(tracking_uri=mlflow_pg_server[0]).search_experiments(max_results=1)
+
+
+def test_no_secret_in_server_log(client: MlflowClient, mlflow_pg_server) -> None:
+    client.search_experiments(max_results=1)  # at least one authenticated request logged
+    log = mlflow_pg_server.log_path.read_text(errors="replace")
+    for secret in mlflow_pg_server.secrets_in_env:
+        assert secret not in log
