@@ -136,8 +136,10 @@ def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs.")) -> None:
     """Run a study: train every planned run not already finished in MLflow."""
     from .runner import run_study
+    from .spec import check_local_corpus_paths
 
     s = _load(spec)
+    check_local_corpus_paths(s, spec)
     res = run_study(s, address=address, console=err, verbose=verbose)
     counts = {}
     for st in res.status.values():

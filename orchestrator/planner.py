@@ -139,6 +139,12 @@ def run_identity(payload: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _mqar_params(corpus: dict[str, Any]) -> dict[str, Any]:
+    from data_pipeline import CorpusConfig
+
+    return CorpusConfig.model_validate(corpus).resolved_mqar().resolved()
+
+
 def _reference_tokens(study: Study, scale: str, n_params_ref: int) -> int:
     b = study.budget
     if b.tokens_per_param is not None:
@@ -165,9 +171,14 @@ def plan(study: Study) -> list[RunSpec]:
 
 def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any]) -> list[RunSpec]:
     runs: list[RunSpec] = []
-    vocab = study.tokenizer.vocab_size
+    # MQAR brings its own vocabulary (no tokenizer); text corpora use the tokenizer's.
+    mqar = corpus.get("source") == "mqar"
+    vocab = _mqar_params(corpus)["vocab_size"] if mqar else study.tokenizer.vocab_size
     for scale in study.scales:
         base = resolve_train(study, scale)
+        if mqar and base.seq_len != _mqar_params(corpus)["seq_len"]:
+            raise PlanError(f"train.seq_len {base.seq_len} must equal the MQAR corpus's seq_len "
+                            f"{_mqar_params(corpus)['seq_len']} (each example is one window)")
         tps = base.tokens_per_step
         counts = {}
         configs = {}

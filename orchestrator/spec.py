@@ -279,8 +279,20 @@ def _check_variant_options(study: Study) -> list[tuple[str, str]]:
     return problems
 
 
+def check_local_corpus_paths(study: Study, path: str | Path = "<spec>") -> None:
+    """Before a local run: every local corpus path must match a file (URIs such as s3://
+    are checked when prepared). Not part of ``load_spec``: a cluster spec may name paths
+    that exist only on the cluster.
+
+    Raises:
+        SpecError: naming each corpus path that matches nothing.
+    """
+    problems = _check_corpus_paths(study)
+    if problems:
+        raise SpecError(path, problems)
+
+
 def _check_corpus_paths(study: Study) -> list[tuple[str, str]]:
-    """Local corpus paths must exist now (URIs such as s3:// are checked when prepared)."""
     import glob
 
     problems = []
@@ -332,7 +344,7 @@ def parse_spec(data: Any, path: str | Path = "<spec>") -> Study:
                 msg = f"{msg} (got {err.get('input')!r})"
             problems.append((_loc(err["loc"]), msg))
         raise SpecError(path, problems) from None
-    problems = _check_variant_options(study) + _check_corpus_paths(study)
+    problems = _check_variant_options(study)
     if problems:
         raise SpecError(path, problems)
     return study

@@ -121,7 +121,7 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
     ratios = [token_ratio(s, v, reference, finals, ppl_curves, n_boot=n_boot, rng=rng).to_dict() for s in scales for v in others]
     final_table = _final_table(finals, scales, variants, reference)
     std = C.seed_std(finals)
-    scaling = scaling_analysis(finals, reference, rng=rng)
+    scaling = scaling_analysis(finals, reference, n_boot=max(50, n_boot // 5), rng=rng)
     status = _run_status(finals, expected)
 
     per_scale = []

@@ -78,14 +78,17 @@ def fit_power_law(x: np.ndarray, loss: np.ndarray, *, starts: list[tuple[float, 
 
 
 def bootstrap_fits(points: pd.DataFrame, x: str, fit: PowerLawFit, n_boot: int, rng: np.random.Generator) -> list[PowerLawFit]:
-    """Refit on seed resamples within each scale; points has columns scale, `x`, loss."""
-    groups = [g for _, g in points.groupby("scale")]
-    start = [(fit.alpha, fit.E / max(points["loss"].min(), 1e-9))]
+    """Refit on seed resamples within each scale; points has columns scale, `x`, loss.
+
+    Each draw starts from the full-data fit only (one start, not the grid) to stay cheap.
+    """
+    xs, ys = points[x].to_numpy(float), points["loss"].to_numpy(float)
+    groups = list(points.groupby("scale").indices.values())
+    start = [(fit.alpha, fit.E / max(ys.min(), 1e-9))]
     out = []
     for _ in range(n_boot):
-        parts = [g.iloc[rng.integers(0, len(g), len(g))] for g in groups]
-        s = pd.concat(parts)
-        f = fit_power_law(s[x].to_numpy(), s["loss"].to_numpy(), starts=start)
+        idx = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups])
+        f = fit_power_law(xs[idx], ys[idx], starts=start)
         if f is not None:
             out.append(f)
     return out

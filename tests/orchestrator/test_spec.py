@@ -26,7 +26,7 @@ MALFORMED = {
     "unknown_scale": (GOOD.replace("cpu-xs", "cpu-xxl"), "scales: unknown scale 'cpu-xxl'; allowed: cpu-xs"),
     "negative_budget": (GOOD.replace("40960", "-5"), "budget: budget tokens must be positive, got -5"),
     "impossible_resources": (GOOD + "resources: {workers: 0, zero_stage: 5}\n", "resources.workers: Input should be greater than 0"),
-    "missing_corpus": (GOOD + "corpus: {source: text, paths: [does/not/exist/*.txt]}\n", "corpus.paths[0]: no file or folder matches 'does/not/exist/*.txt'"),
+    "missing_corpus": (GOOD + "corpus: {source: parquet, text_column: text}\n", "corpus: paths: required for source 'parquet'"),
 }
 
 
@@ -43,6 +43,16 @@ def test_malformed_spec_exits_2_with_precise_error(case, tmp_path, monkeypatch):
         assert str(spec) in res.output and expected in res.output.replace("\n", ""), res.output
     assert not ray.is_initialized()
     assert not list(tmp_path.rglob("mlflow.db")) and not (tmp_path / "runs").exists()
+
+
+def test_run_refuses_missing_local_corpus_files_before_ray(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(GOOD + "corpus: {source: text, paths: [does/not/exist/*.txt]}\n")
+    assert CliRunner().invoke(app, ["validate", str(spec)]).exit_code == 0  # may exist only on the cluster
+    res = CliRunner().invoke(app, ["run", str(spec)])
+    assert res.exit_code == 2 and "corpus.paths[0]: no file or folder matches 'does/not/exist/*.txt'" in res.output
+    assert not ray.is_initialized() and not (tmp_path / "runs").exists()
 
 
 def test_impossible_resources_lists_every_problem(tmp_path):
