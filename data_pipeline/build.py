@@ -205,7 +205,9 @@ def _prepare_mqar(corpus: CorpusConfig, tmp: str) -> dict:
         ids, mask = mqar.generate(n, p["vocab_size"], p["seq_len"], p["num_kv_pairs"], p["power_a"],
                                   np.random.default_rng([corpus.seed, i]))
         name = f"{split}-00000.arrow"
-        n_tok = encode.write_shard(os.path.join(tmp, name), list(ids), dtype, {"target_mask": list(mask)})
+        n_tok = ids.size
+        encode.write_shard(os.path.join(tmp, name), np.arange(n + 1) * ids.shape[1],
+                           {"ids": ids.reshape(-1).astype(dtype), "target_mask": mask.reshape(-1)})
         splits[split] = {"documents": n, "tokens": n_tok, "shards": [{"file": name, "documents": n, "tokens": n_tok}]}
     return {"layout": "examples", "example_len": p["seq_len"] + 1, "vocab_size": p["vocab_size"], "eod_id": 0,
             "dtype": dtype, "tokenizer": None, "mqar": p, "splits": splits}

@@ -53,16 +53,30 @@ def train_tokenizer(texts: Sequence[str], cfg: TokenizerConfig, label: str, num_
         )
     except RuntimeError as e:
         msg = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
-        if "too high" in msg or "vocab" in msg.lower():
+        if "too high" in msg:
             raise DataError(f"{label}: tokenizer vocab_size={cfg.vocab_size} is larger than the corpus "
                             f"supports ({msg})") from None
+        if "required_chars" in msg:
+            raise DataError(f"{label}: tokenizer vocab_size={cfg.vocab_size} is too small for the corpus's "
+                            f"characters (raise vocab_size or lower character_coverage; {msg})") from None
         raise DataError(f"{label}: tokenizer training failed ({msg})") from None
-    proto = model.getvalue()
+    proto = _canonical(model.getvalue())
     sp = spm.SentencePieceProcessor(model_proto=proto)
     if sp.get_piece_size() != cfg.vocab_size:
         raise DataError(f"{label}: tokenizer vocab_size={cfg.vocab_size} is larger than the corpus supports "
                         f"(trained only {sp.get_piece_size()} pieces)")
     return proto
+
+
+def _canonical(proto: bytes) -> bytes:
+    """The model with machine-dependent trainer settings reset, so its hash depends on the pieces
+    and options only (training with 1 or 16 threads yields the same pieces, not the same bytes)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    m = sentencepiece_model_pb2.ModelProto()
+    m.ParseFromString(proto)
+    m.trainer_spec.num_threads = 1
+    return m.SerializeToString(deterministic=True)
 
 
 def model_hash(proto: bytes) -> str:
