@@ -9,7 +9,10 @@ ours, head_dim 64, 32,000-token vocabulary, untied head, totals for `standard`):
 | 150m   | 14      | 768     | 12     | 1024    | 99.1M        | 149.1M |
 | 350m   | 22      | 1024    | 16     | 1024    | 276.9M       | 343.4M |
 
-60m with one shared f per layer (hidden = head_dim) gives the paper's +0.11% parameters.
+Coupled at 60m (one shared f per layer, hidden = head_dim = 64, plus 8 dt per layer) adds
+8 x (2*64*64 + 2*64 + 8) = 66,624 parameters: +0.114% of the total (58.2M), +0.265% of N;
+the paper reports +0.11%, which is how the per-layer sharing default was inferred.
+
 CPU scales (head_dim 32, train in minutes on a laptop; N for `standard`):
 cpu-xs 3 x 128 (4 heads, T 128, N 0.59M), cpu-s 5 x 192 (6 heads, T 256, N 2.2M),
 cpu-m 8 x 256 (8 heads, T 256, N 6.3M).
