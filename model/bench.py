@@ -63,6 +63,7 @@ class BenchResult:
     step_s: float  # median seconds per optimizer step
     tokens_per_s: float
     ratio: float  # step time / standard step time (median of paired ratios)
+    cpu_ratio: float  # same for process CPU time per step
     flop_ratio: float  # analytic training FLOPs per token / standard's
     flops_per_token: int
     mfu: float | None
@@ -111,35 +112,40 @@ def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_siz
         loss.backward()
         opt.step()
 
-    def timed(run) -> float:
+    def timed(run) -> tuple[float, float]:
+        """(wall seconds, process CPU seconds) per step."""
         _, _, model, opt, idx = run
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
             step(model, opt, idx)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / steps
+        return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
 
     for run in runs:
         for _ in range(warmup):
             step(*run[2:])
     times: list[list[float]] = [[] for _ in runs]
+    cpu: list[list[float]] = [[] for _ in runs]
     for r in range(repeats):
         order = [(i + r) % len(runs) for i in range(len(runs))]  # rotate to cancel position bias
         for i in order:
-            times[i].append(timed(runs[i]))
+            wall, cpu_s = timed(runs[i])
+            times[i].append(wall)
+            cpu[i].append(cpu_s)
 
     std_flops = count_model(runs[0][1]).flops_per_token
     results = []
-    for (spec, cfg, *_), ts in zip(runs, times):
+    for (spec, cfg, *_), ts, cs in zip(runs, times, cpu):
         step_s = statistics.median(ts)
         tokens_per_s = batch_size * cfg.seq_len / step_s
         fpt = count_model(cfg).flops_per_token
         results.append(BenchResult(
             spec=spec, step_s=step_s, tokens_per_s=tokens_per_s,
             ratio=statistics.median(t / t0 for t, t0 in zip(ts, times[0])),
+            cpu_ratio=statistics.median(c / c0 for c, c0 in zip(cs, cpu[0])),
             flop_ratio=fpt / std_flops, flops_per_token=fpt,
             mfu=fpt * tokens_per_s / (peak_tflops * 1e12) if peak_tflops else None))
     return results
@@ -148,11 +154,12 @@ def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_siz
 def format_table(results: list[BenchResult]) -> str:
     """Markdown table of results."""
     mfu = any(r.mfu is not None for r in results)
-    head = "| variant | step (ms) | tokens/s | step ratio vs standard | FLOP ratio |" + (" MFU |" if mfu else "")
-    rows = [head, "|" + "---|" * (6 if mfu else 5)]
+    head = ("| variant | step (ms) | tokens/s | step-time ratio vs standard | CPU-time ratio | FLOP ratio |"
+            + (" MFU |" if mfu else ""))
+    rows = [head, "|" + "---|" * (7 if mfu else 6)]
     for r in results:
         row = (f"| {r.spec} | {r.step_s * 1e3:.1f} | {r.tokens_per_s:,.0f} | {r.ratio:.3f} | "
-               f"{r.flop_ratio:.4f} |")
+               f"{r.cpu_ratio:.3f} | {r.flop_ratio:.4f} |")
         rows.append(row + (f" {r.mfu:.1%} |" if mfu else ""))
     return "\n".join(rows)
 

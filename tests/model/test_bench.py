@@ -15,7 +15,7 @@ def test_run_bench_reports_ratios_against_standard():
     results = run_bench("cpu-xs", ["coupled:n_steps=2", "differential"], repeats=2, steps=1,
                         batch_size=2, vocab_size=128, seq_len=32, device="cpu", peak_tflops=1.0)
     assert [r.spec for r in results] == ["standard", "coupled:n_steps=2", "differential"]
-    assert results[0].ratio == 1.0 and results[0].flop_ratio == 1.0
+    assert results[0].ratio == results[0].cpu_ratio == results[0].flop_ratio == 1.0
     assert results[1].flop_ratio > 1.0 and results[1].ratio > 0
     for r in results:
         assert r.tokens_per_s == pytest.approx(2 * 32 / r.step_s)
