@@ -18,6 +18,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -166,6 +167,21 @@ class MlflowServer(tuple):
         return obj
 
 
+def _stop_group(proc: subprocess.Popen, timeout_s: float = 10) -> None:
+    """SIGTERM the process group we started, SIGKILL it if it lingers."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=timeout_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
+
+
 @pytest.fixture(scope="session")
 def mlflow_pg_server(
     postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory
@@ -204,6 +220,7 @@ def mlflow_pg_server(
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--artifacts-destination", str(work / "artifacts")],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work,
+        start_new_session=True,  # its own process group: the uvicorn workers stop with it
     )
     uri = f"http://127.0.0.1:{port}"
     try:
@@ -219,10 +236,5 @@ def mlflow_pg_server(
                             env["MLFLOW_FLASK_SERVER_SECRET_KEY"]),
         )
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop_group(proc)
         log.close()
