@@ -1,0 +1,153 @@
+"""Each source prepares end to end from tiny fixtures written into tmp_path."""
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_pipeline import CorpusConfig, MixtureComponent, TokenizerConfig, TokenLoader, prepare
+from data_pipeline.sources import load_documents
+from data_pipeline.tokenizer import load_tokenizer
+
+TOK = TokenizerConfig(vocab_size=400, byte_fallback=True)
+WORDS = ("the river valley holds ancient stone bridges built by farmers who crossed water each "
+         "spring while merchants traded grain salt wool and iron along roads").split()
+
+
+def _paragraphs(n: int, seed: int, words_per: int = 60) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, words_per)) + "." for _ in range(n)]
+
+
+def _wikitext_rows(titles: list[str], seed: int) -> list[str]:
+    """The HF WikiText-103 layout: one line per row, '' rows, ' = Title = ' starts an article."""
+    rows = [""]
+    for i, title in enumerate(titles):
+        rows += [f" = {title} = \n", "", f" = = History = = \n", ""]
+        rows += [p + " \n" for p in _paragraphs(4, seed + i)]
+        rows += [""]
+    return rows
+
+
+def _decoded_documents(prep) -> list[str]:
+    sp = load_tokenizer(prep.tokenizer_path)
+    out = []
+    for split in ("train", "val"):
+        for s in prep.manifest["splits"][split]["shards"]:
+            table = pa.ipc.open_file(pa.memory_map(os.path.join(prep.path, s["file"]))).read_all()
+            out += [sp.decode(r[:-1]) for r in table.column("ids").to_pylist()]
+    return out
+
+
+def test_parquet_with_wikitext103_layout_end_to_end(tmp_path):
+    data = tmp_path / "wikitext-103-raw-v1"
+    data.mkdir()
+    titles = [f"Article {chr(65 + i)}" for i in range(12)]
+    pq.write_table(pa.table({"text": _wikitext_rows(titles, 0)}), data / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": _wikitext_rows(["Held Out", "Another"], 100)}),
+                   data / "validation-00000-of-00001.parquet")
+    corpus = CorpusConfig(source="parquet", paths=[str(data / "train-*.parquet")],
+                          val_paths=[str(data / "validation-*.parquet")], document_boundary="wikitext_heading")
+    prep = prepare(corpus, TOK, tmp_path / "cache", num_proc=1, progress=False)
+    m = prep.manifest
+    assert (m["splits"]["train"]["documents"], m["splits"]["val"]["documents"]) == (12, 2)
+    assert set(m["source_hashes"]) == {"train-00000-of-00001.parquet", "val:validation-00000-of-00001.parquet"}
+    docs = _decoded_documents(prep)
+    assert docs[0].startswith(" = Article A = \n") and " = = History = = \n" in docs[0]
+    assert docs[12].startswith(" = Held Out = \n")
+    loader = TokenLoader(prep.path, "val", seq_len=16, global_batch=2, seed=0)
+    assert loader.num_tokens == m["splits"]["val"]["tokens"]
+
+
+def test_parquet_row_documents(tmp_path):
+    texts = _paragraphs(20, 1)
+    pq.write_table(pa.table({"id": list(range(20)), "abstract": texts}), tmp_path / "pubmed.parquet")
+    corpus = CorpusConfig(source="parquet", paths=[str(tmp_path / "pubmed.parquet")], text_column="abstract")
+    docs = load_documents(corpus)
+    assert [d.text for d in docs] == texts and docs[3].id == "pubmed.parquet#3"
+
+
+def test_text_files_and_blank_line_documents(tmp_path):
+    root = tmp_path / "docs"
+    (root / "sub").mkdir(parents=True)
+    paras = _paragraphs(6, 2)
+    (root / "a.txt").write_text("\n\n".join(paras[:3]))
+    (root / "sub" / "b.txt").write_text("\n  \n".join(paras[3:]))
+    (root / ".hidden").write_text("ignored")
+    per_file = load_documents(CorpusConfig(source="text", paths=[str(root)]))
+    assert [d.id for d in per_file] == ["a.txt", "sub/b.txt"]
+    per_para = load_documents(CorpusConfig(source="text", paths=[str(root)], document_boundary="blank_lines"))
+    assert [d.text for d in per_para] == paras
+    globbed = load_documents(CorpusConfig(source="text", paths=[str(root / "**" / "*.txt")]))
+    assert [d.id for d in globbed] == ["a.txt", "sub/b.txt"]
+    prep = prepare(CorpusConfig(source="text", paths=[str(root)], document_boundary="blank_lines"), TOK,
+                   tmp_path / "cache", num_proc=1, progress=False)
+    assert sorted(_decoded_documents(prep)) == sorted(paras)
+
+
+def test_jsonl(tmp_path):
+    texts = _paragraphs(15, 3)
+    with open(tmp_path / "owt.jsonl", "w") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t, "url": "x"}) + "\n")
+    corpus = CorpusConfig(source="jsonl", paths=[str(tmp_path / "owt.jsonl")], val_fraction=0.2)
+    prep = prepare(corpus, TOK, tmp_path / "cache", num_proc=1, progress=False)
+    assert sorted(_decoded_documents(prep)) == sorted(texts)
+    assert prep.manifest["splits"]["val"]["documents"] >= 1
+
+
+def test_undecodable_bytes_are_counted_and_replaced(tmp_path):
+    good = _paragraphs(8, 4)
+    for i, t in enumerate(good):
+        (tmp_path / f"{i}.txt").write_text(t)
+    (tmp_path / "bad.txt").write_bytes(b"latin-1 caf\xe9 and \xff\xfe broken " + good[0].encode())
+    prep = prepare(CorpusConfig(source="text", paths=[str(tmp_path / "*.txt")]), TOK, tmp_path / "cache",
+                   num_proc=1, progress=False)
+    assert prep.manifest["decode_errors"] == {"documents": 1, "replaced_chars": 3}
+    assert any(d.startswith("latin-1 caf\ufffd and \ufffd\ufffd broken") for d in _decoded_documents(prep))
+
+
+def test_mixture_samples_documents_by_weight(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for i in range(40):
+        (tmp_path / "a" / f"{i:02d}.txt").write_text(f"alpha {i} " + _paragraphs(1, i)[0])
+        (tmp_path / "b" / f"{i:02d}.txt").write_text(f"beta {i} " + _paragraphs(1, 100 + i)[0])
+    corpus = CorpusConfig(source="mixture", seed=1, components=[
+        MixtureComponent(corpus=CorpusConfig(source="text", paths=[str(tmp_path / "a")]), weight=3.0),
+        MixtureComponent(corpus=CorpusConfig(source="text", paths=[str(tmp_path / "b")]), weight=1.0)])
+    docs = load_documents(corpus)
+    n_a = sum(d.text.startswith("alpha") for d in docs)
+    n_b = sum(d.text.startswith("beta") for d in docs)
+    assert (n_a, n_b) == (40, 13)  # a is exhausted first: 40 / 0.75 = 53 documents in all
+    assert docs == load_documents(corpus)  # deterministic
+    assert [d.id for d in docs] != sorted(d.id for d in docs)  # interleaved, not blocked
+    prep = prepare(corpus, TOK, tmp_path / "cache", num_proc=1, progress=False)
+    m = prep.manifest
+    assert m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"] == 53
+
+
+def test_stdlib_default_excludes_tests_and_idlelib():
+    ids = [d.id for d in load_documents(CorpusConfig(max_documents=10_000))]
+    assert ids == sorted(ids) and "os.py" in ids and "json/decoder.py" in ids
+    assert not [i for i in ids if i.startswith(("test/", "idlelib/")) or "/tests/" in i or "/test/" in i]
+    assert len(load_documents(CorpusConfig(exclude=[]))) > len(ids)
+
+
+def test_caps_keep_the_first_documents():
+    capped = load_documents(CorpusConfig(max_bytes=200_000))
+    assert sum(len(d.text.encode()) for d in capped) <= 200_000
+    assert [d.id for d in capped] == [d.id for d in load_documents(CorpusConfig(max_documents=len(capped)))]
+
+
+def test_hf_without_datasets_is_a_clear_error(monkeypatch):
+    import sys
+
+    from data_pipeline import DataError
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if the optional extra were absent
+    with pytest.raises(DataError, match="source 'hf' \\(wikitext\\).*hf"):
+        load_documents(CorpusConfig(source="hf", hf_path="wikitext", hf_name="wikitext-103-raw-v1"))
