@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.report import ReportError, build_report, export_study, load_study
-from orchestrator.report.query import _query_client, query_study
+from orchestrator.report.query import _query_client, _read_tables_sqlalchemy, query_study
 
 from .conftest import MAIN, NO_EXTEND, ONE_SEED
 
@@ -143,6 +143,8 @@ def test_tidy_table_and_parquet_export(store, tmp_path):
 def test_sql_bulk_path_matches_client_api_path(store):
     sql = query_study(ONE_SEED.study, store)
     api = _query_client(ONE_SEED.study, store, True)
+    alchemy = _read_tables_sqlalchemy(store, ONE_SEED.study, ["metrics"])[1]["metrics"]
+    assert len(alchemy) == len(sql.metrics)  # the non-SQLite SQL path (postgres) reads the same rows
     cols = ["run_uuid", "variant", "scale", "seed", "extend", "status", "n_params", "planned_tokens"]
     pd.testing.assert_frame_equal(sql.runs[cols].reset_index(drop=True), api.runs[cols].reset_index(drop=True))
     pd.testing.assert_frame_equal(sql.metrics.reset_index(drop=True), api.metrics.reset_index(drop=True))
