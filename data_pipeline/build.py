@@ -28,7 +28,7 @@ import tempfile
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import numpy as np
@@ -55,7 +55,7 @@ class PreparedData:
     eod_id: int
     tokenizer_path: str
     tokenizer_hash: str
-    manifest: dict
+    manifest: dict = field(hash=False)
 
     @classmethod
     def from_manifest(cls, path: str, manifest: dict) -> "PreparedData":

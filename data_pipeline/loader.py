@@ -15,7 +15,6 @@ overlap within a step, and a run restarted at step k reads exactly what it would
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 from typing import Iterator
 
 import numpy as np
@@ -59,6 +58,7 @@ class TokenLoader:
         self.path, self.split, self.seq_len = str(path), split, seq_len
         self.global_batch, self.seed, self.manifest = global_batch, seed, manifest
         self.layout = manifest["layout"]
+        self._perms: dict[int, np.ndarray] = {}
         shards = manifest["splits"][split]["shards"]
         tables = [_read_shard(self.path, s["file"]) for s in shards]
         self._parts = [_flat(t, "ids") for t in tables]
@@ -79,9 +79,12 @@ class TokenLoader:
             raise DataError(f"{label}: {self.num_tokens} tokens is smaller than one window of "
                             f"seq_len + 1 = {seq_len + 1} tokens")
 
-    @lru_cache(maxsize=4)
     def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng((self.seed, epoch)).permutation(self.num_windows)
+        if epoch not in self._perms:
+            if len(self._perms) >= 2:  # a step spans at most two epochs (unless batch > num_windows)
+                self._perms.pop(next(iter(self._perms)))
+            self._perms[epoch] = np.random.default_rng((self.seed, epoch)).permutation(self.num_windows)
+        return self._perms[epoch]
 
     def window_indices(self, step: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
         """Window ids read by `rank` at `step` (int64 [global_batch // world_size])."""
