@@ -167,7 +167,7 @@ class MlflowServer(tuple):
         return obj
 
 
-def _stop_group(proc: subprocess.Popen, timeout_s: float = 10) -> None:
+def _stop_group(proc: subprocess.Popen, timeout_s: float = 5) -> None:
     """SIGTERM the process group we started, SIGKILL it if it lingers."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:

@@ -1,15 +1,19 @@
 """The stack's tracking half, for real and without containers: `mlflow server --app-name
 basic-auth` on loopback over a Postgres backend (fixtures in conftest.py). A run logged with
 credentials lands in Postgres; requests without or with wrong credentials get 401; no secret
-appears in the server's log."""
+appears in the server's log. The slow test runs a tiny real study (`qkstudy run`) into it."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -103,3 +107,60 @@ def test_no_secret_in_server_log(client: MlflowClient, mlflow_pg_server) -> None
     log = mlflow_pg_server.log_path.read_text(errors="replace")
     for secret in mlflow_pg_server.secrets_in_env:
         assert secret not in log
+
+
+STUDY = """\
+name: stack-{suffix}
+corpus: {{source: stdlib, max_documents: 30}}
+tokenizer: {{vocab_size: 512}}
+scales: [cpu-xs]
+variants: [standard]
+budget: {{mode: tokens, tokens: 8192}}
+train: {{global_batch: 8, seq_len: 64}}
+eval: {{num_evals: 1, max_windows: 4, final_max_windows: 4}}
+resources: {{workers: 1, cpus_per_worker: 1, zero_stage: 2}}
+tracking_uri: {uri}
+storage_path: {storage}
+"""
+
+
+@pytest.mark.slow
+def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tmp_path,
+                                           monkeypatch) -> None:
+    """`qkstudy run` (real Ray + DeepSpeed) against the basic-auth server: credentials only
+    from the standard environment variables, the run lands in Postgres, nothing leaks."""
+    import psycopg
+
+    uri, username, password = mlflow_pg_server
+    name = f"stack-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "study.yaml").write_text(
+        STUDY.format(suffix=name.removeprefix("stack-"), uri=uri, storage=tmp_path / "ray")
+    )
+    env = {**os.environ, "QKSTUDY_CACHE": str(tmp_path / "cache"),
+           "MLFLOW_TRACKING_USERNAME": username, "MLFLOW_TRACKING_PASSWORD": password}
+    env.pop("RAY_ADDRESS", None)
+    qkstudy = Path(sys.executable).with_name("qkstudy")
+    result = subprocess.run([str(qkstudy), "run", "study.yaml"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for secret in mlflow_pg_server.secrets_in_env:
+        assert secret not in result.stdout + result.stderr
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", username)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], "tags.`qkstudy.kind` = 'train'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.data.tags["variant"] == "standard"
+    with psycopg.connect(
+        host=postgres_server.host, port=postgres_server.port, user=postgres_server.user,
+        password=postgres_server.password, dbname="mlflow",
+    ) as conn:
+        (last_step,) = conn.execute(
+            "SELECT max(step) FROM metrics WHERE run_uuid = %s AND key = 'val/ppl'",
+            (run.info.run_id,),
+        ).fetchone()
+    assert last_step == 8192  # step = tokens seen, final eval at the budget
+    assert 1.0 < run.data.metrics["val/ppl"] < 512
