@@ -89,3 +89,23 @@ def test_uri_cache_root(tmp_path):
     loader = TokenLoader(prep.path, "train", seq_len=32, global_batch=4, seed=0)
     assert loader.num_tokens == prep.manifest["splits"]["train"]["tokens"]
     assert load_tokenizer(prep.tokenizer_path).get_piece_size() == 600
+
+
+def test_parallel_prepare_from_an_unguarded_script(tmp_path):
+    """Spawned workers must not re-run the caller's __main__ (a script without a main guard)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import data_pipeline.build as build\n"
+        "from data_pipeline import CorpusConfig, TokenizerConfig, prepare\n"
+        "build.CHUNK_CHARS = 40_000\n"
+        "print('MAIN RAN')\n"
+        f"p = prepare(CorpusConfig(max_documents=12), TokenizerConfig(vocab_size=600), {str(tmp_path)!r},"
+        " num_proc=2, progress=False)\n"
+        "print(len(p.manifest['splits']['train']['shards']))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert lines.count("MAIN") == 1 and int(lines[-1]) > 1

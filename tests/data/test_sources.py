@@ -151,3 +151,11 @@ def test_hf_without_datasets_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if the optional extra were absent
     with pytest.raises(DataError, match="source 'hf' \\(wikitext\\).*hf"):
         load_documents(CorpusConfig(source="hf", hf_path="wikitext", hf_name="wikitext-103-raw-v1"))
+
+
+def test_text_source_from_a_uri(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "one.txt").write_text("first document")
+    (tmp_path / "d" / "sub" / "two.txt").write_text("second document")
+    docs = load_documents(CorpusConfig(source="text", paths=[f"file://{tmp_path / 'd'}"]))
+    assert [(d.id, d.text) for d in docs] == [("one.txt", "first document"), ("sub/two.txt", "second document")]
