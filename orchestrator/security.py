@@ -63,6 +63,7 @@ SECRET_ENV_VARS: tuple[str, ...] = (
     "AWS_SESSION_TOKEN",
     "MINIO_ROOT_PASSWORD",
     "RAY_JOB_HEADERS",
+    "RAY_AUTH_TOKEN",
     "HF_TOKEN",
     "WANDB_API_KEY",
 )

@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 ENV_EXAMPLE = DOCKER / ".env.example"
-SECRET_VARS = ("MLFLOW_TRACKING_PASSWORD", "POSTGRES_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY")
+SECRET_VARS = ("MLFLOW_TRACKING_PASSWORD", "POSTGRES_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
+               "RAY_AUTH_TOKEN")
 
 
 def compose_command() -> list[str] | None:
@@ -119,6 +120,9 @@ def test_secrets_come_only_from_the_env_file(config: dict) -> None:
         env = services[node]["environment"]
         assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
         assert env["MLFLOW_TRACKING_PASSWORD"] == example["MLFLOW_TRACKING_PASSWORD"]
+        # The Ray cluster and its Jobs API demand the token.
+        assert env["RAY_AUTH_MODE"] == "token"
+        assert env["RAY_AUTH_TOKEN"] == example["RAY_AUTH_TOKEN"]
     # Secrets are runtime environment only: no build args carry them into an image.
     for svc in services.values():
         assert not (svc.get("build") or {}).get("args"), svc

@@ -47,4 +47,6 @@ def test_no_secret_in_cluster_yaml(cluster: dict) -> None:
     # Credentials reach the nodes only as the gitignored env file, sourced at ray start.
     assert cluster["file_mounts"] == {"~/qkstudy.env": "docker/.env"}
     for cmd in cluster["head_start_ray_commands"][1:] + cluster["worker_start_ray_commands"][1:]:
-        assert cmd.startswith("set -a && . ~/qkstudy.env && set +a && ray start")
+        assert cmd.startswith(
+            "set -a && . ~/qkstudy.env && set +a && export RAY_AUTH_MODE=token && ray start"
+        )
