@@ -91,6 +91,8 @@ class CorpusConfig(_Strict):
       hf       `hf_path`, `hf_name`, `hf_split`, `hf_val_split`, `text_column` (needs the `hf` extra and the hub)
       mixture  `components` (each a CorpusConfig and a weight), `seed`
       mqar     `mqar` (preset easy/medium/hard plus overrides), `seed`
+    `exclude` (fnmatch patterns on a file's relative path) filters files of every file source;
+    None means the source's default (stdlib: tests and idlelib; others: nothing).
     Split: documents go to val when a hash of their id falls below `val_fraction`, unless `val_paths`
     (or `hf_val_split`) names the val documents explicitly. Caps `max_documents` and `max_bytes`
     (UTF-8 bytes of text) keep the first documents in the source's deterministic order.
