@@ -167,6 +167,16 @@ class MlflowServer(tuple):
         return obj
 
 
+def _env_example() -> dict[str, str]:
+    """KEY=value pairs of docker/.env.example (comments skipped)."""
+    pairs = {}
+    for line in (DOCKER_DIR / ".env.example").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
 def _stop_group(proc: subprocess.Popen, timeout_s: float = 5) -> None:
     """SIGTERM the process group we started, SIGKILL it if it lingers."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -190,7 +200,8 @@ def mlflow_pg_server(
 
     Configured like docker/compose.yaml: the committed docker/mlflow/basic_auth.ini (no secrets;
     its sqlite auth-db path is overridden to a temp file here), backend URI and admin
-    credentials from environment variables only, artifacts proxied to a local directory.
+    credentials from environment variables only, the Host allow-list of docker/.env.example,
+    artifacts proxied to a local directory.
     Yields an `MlflowServer`: unpacks as ``(tracking_uri, username, password)``.
     """
     work = tmp_path_factory.mktemp("mlflow-server")
@@ -211,6 +222,8 @@ def mlflow_pg_server(
         "MLFLOW_AUTH_ADMIN_USERNAME": username,
         "MLFLOW_AUTH_ADMIN_PASSWORD": password,
         "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_urlsafe(32),  # CSRF key of the auth app
+        # Host-header allow-list exactly as docker/.env.example ships it.
+        "MLFLOW_SERVER_ALLOWED_HOSTS": _env_example()["MLFLOW_ALLOWED_HOSTS"],
     }
     for var in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         env.pop(var, None)

@@ -21,10 +21,13 @@ from mlflow.tracking import MlflowClient
 SEARCH = "/api/2.0/mlflow/experiments/search?max_results=5"
 
 
-def status_of(url: str, *, auth: tuple[str, str] | None = None, body: dict | None = None) -> int:
-    """HTTP status of a GET (or a JSON POST when `body` is given)."""
+def status_of(url: str, *, auth: tuple[str, str] | None = None, body: dict | None = None,
+              host: str | None = None) -> int:
+    """HTTP status of a GET (or a JSON POST when `body` is given), optionally with a Host."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    if host:
+        req.add_unredirected_header("Host", host)
     if data:
         req.add_header("Content-Type", "application/json")
     if auth:
@@ -91,6 +94,15 @@ def test_requests_without_valid_credentials_are_refused(mlflow_pg_server) -> Non
     assert status_of(uri + SEARCH, auth=("nobody", password)) == 401
     create = "/api/2.0/mlflow/experiments/create"
     assert status_of(uri + create, body={"name": f"anon-{uuid.uuid4().hex[:6]}"}) == 401
+    # The health probe (compose healthcheck) stays open; it reveals nothing.
+    assert status_of(uri + "/health") == 200
+
+
+def test_unknown_host_header_is_refused(mlflow_pg_server) -> None:
+    """DNS-rebinding guard with the allow-list docker/.env.example ships."""
+    uri, username, password = mlflow_pg_server
+    assert status_of(uri + SEARCH, auth=(username, password), host="mlflow:5000") == 200
+    assert status_of(uri + SEARCH, auth=(username, password), host="attacker.example") in (400, 403)
 
 
 def test_client_without_credentials_is_refused(mlflow_pg_server, monkeypatch) -> None:
