@@ -7,8 +7,13 @@ where that curve reaches the target, by monotone (PCHIP, Fritsch & Carlson 1980)
 of log perplexity vs log tokens, after an isotonic fit so seed noise cannot make it
 non-monotone. ratio = D* / D_c. A target outside the measured range is censored: the ratio
 is reported as the bound (">3.0x": the reference never got there; "<1.0x": it was already
-better), never extrapolated. The interval is a percentile bootstrap over seeds: each
-(variant, extend) group's seeds are resampled with replacement, independently.
+better), never extrapolated. The interval is a percentile bootstrap over seeds, parametric
+because studies have 2-5 seeds: each (variant, extend) group's seed mean is redrawn from
+its mean and the seed standard deviation pooled over the variant's groups (with the
+uncertainty of that standard deviation), then D* is re-solved. Checked by simulation on
+synthetic studies (orchestrator.report.synthetic, 250 repetitions): 100% coverage with 3
+seeds (conservative: the target's own spread has 2 degrees of freedom), 97% with 5, where
+resampling the seeds with replacement covers only ~75% (3 seeds) and ~85% (5 seeds).
 
 Beside it: the single-run estimate (where the reference's longest eval curve crosses the
 target; intermediate points of a run are not annealed, so this estimate is biased high and
@@ -182,17 +187,24 @@ def token_ratio(
         res.flop_ratio = Estimate(tr.value * fpt_ref / fpt_v, tr.censored, tr.direction)
     res.wall_ratio = _wall_ratio(res, ref, tgt, d_star)
 
-    # Bootstrap over seeds: resample each group's seeds, recompute means, re-solve.
+    # Bootstrap over seeds (see module docstring): draw seed means, re-solve, take percentiles.
+    ref_groups = [g for g in groups.values()]
     tgt_ppl = tgt["final_ppl"].to_numpy(float)
-    if max(len(tgt_ppl), *(len(g) for g in groups.values())) < 2:
+    ref_sd, tgt_sd = _pooled_sd(ref_groups), _pooled_sd([tgt_ppl])
+    if ref_sd is None and tgt_sd is None:
         res.ci_note = "one seed per run group: no bootstrap interval"
         return res
+    notes = []
+    if ref_sd is None or tgt_sd is None:
+        lone, other = (reference, variant) if ref_sd is None else (variant, reference)
+        notes.append(f"{lone} has one seed per run: its seed spread is taken from {other}")
+        ref_sd, tgt_sd = ref_sd or tgt_sd, tgt_sd or ref_sd
+    ref_draws = _mean_draws(ref_groups, *ref_sd, n_boot, rng)
+    tgt_draws = _mean_draws([tgt_ppl], *tgt_sd, n_boot, rng)[:, 0]
     boot = np.empty(n_boot)
     cens = np.zeros(n_boot, bool)
-    samples = [rng.choice(g, size=(n_boot, len(g))).mean(axis=1) for g in groups.values()]
-    tgt_samples = rng.choice(tgt_ppl, size=(n_boot, len(tgt_ppl))).mean(axis=1)
     for b in range(n_boot):
-        d, direction = solve_tokens(tokens, np.array([s[b] for s in samples]), tgt_samples[b])
+        d, direction = solve_tokens(tokens, ref_draws[b], tgt_draws[b])
         boot[b], cens[b] = d / d_c, direction is not None
     a = (1.0 - level) / 2.0
     res.ci_low, res.ci_high = (float(v) for v in np.quantile(boot, [a, 1.0 - a], method="inverted_cdf"))
@@ -201,8 +213,29 @@ def token_ratio(
     res.n_boot = n_boot
     res.boot_censored_frac = float(cens.mean())
     if cens.any():
-        res.ci_note = f"{cens.mean():.0%} of bootstrap draws censored at the measured range"
+        notes.append(f"{cens.mean():.0%} of bootstrap draws censored at the measured range")
+    res.ci_note = "; ".join(notes) or None
     return res
+
+
+def _pooled_sd(groups: list[np.ndarray]) -> tuple[float, int] | None:
+    """Pooled within-group seed std of log perplexity and its degrees of freedom; None without any."""
+    dof = sum(len(g) - 1 for g in groups)
+    if dof == 0:
+        return None
+    ss = sum(float(((np.log(g) - np.log(g).mean()) ** 2).sum()) for g in groups)
+    return float(np.sqrt(ss / dof)), dof
+
+
+def _mean_draws(groups: list[np.ndarray], sd: float, dof: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Draws of each group's seed mean, shape (n_boot, len(groups)).
+
+    sd* = sd * sqrt(dof / chi2_dof) carries the uncertainty of the spread itself (few seeds), then
+    mean_g* = mean_g * exp(sd* Z / sqrt(n_g)) (sd of log perplexity, so draws stay positive). Resampling 3 seeds with replacement instead would
+    understate the spread ((n-1)/n variance, discrete means): ~75% coverage for a 95% interval.
+    """
+    s = sd * np.sqrt(dof / rng.chisquare(dof, n_boot))
+    return np.stack([g.mean() * np.exp(s * rng.standard_normal(n_boot) / np.sqrt(len(g))) for g in groups], axis=1)
 
 
 def _wall_ratio(res: RatioResult, ref: pd.DataFrame, tgt: pd.DataFrame, d_star: float) -> Estimate:
