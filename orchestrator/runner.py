@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from rich.console import Console
@@ -70,18 +70,11 @@ def unschedulable_reason(run: RunSpec, nodes: list[dict[str, float]]) -> str | N
     (Ray Train gangs them in a placement group), packed greedily over nodes.
     """
     demand = run_demands(run)
-    free = [dict(n) for n in nodes]
-    for w in range(run.resources.workers):
-        for n in free:
-            if all(n.get(k, 0.0) + 1e-9 >= v for k, v in demand.items()):
-                for k, v in demand.items():
-                    n[k] = n.get(k, 0.0) - v
-                break
-        else:
-            total = {k: sum(n.get(k, 0.0) for n in nodes) for k in demand}
-            return (f"needs {run.resources.workers} workers x {demand}, but the cluster has "
-                    f"{len(nodes)} node(s) with {total} in all; worker {w + 1} fits nowhere")
-    return None
+    if _place(demand, run.resources.workers, [dict(n) for n in nodes]):
+        return None
+    total = {k: sum(n.get(k, 0.0) for n in nodes) for k in demand}
+    return (f"needs {run.resources.workers} workers x {demand}, but the cluster has "
+            f"{len(nodes)} node(s) with {total} in all")
 
 
 def _alive_nodes() -> list[dict[str, float]]:
@@ -164,9 +157,8 @@ def run_study(study: Study, *, address: str | None = None, console: Console | No
 
     Args:
         address: Ray cluster address (else RAY_ADDRESS, else a local Ray).
-        max_in_flight: runs handed to Ray at once (default: twice what the cluster can hold
-            at once, at least 2); a memory guard for the per-run driver tasks, Ray still
-            decides placement.
+        max_in_flight: runs handed to Ray at once (default: as many as the cluster holds at
+            once); Ray decides where each run's workers go.
 
     Returns:
         StudyResult with every run's final state (also in MLflow, which is the record).
@@ -230,23 +222,54 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
     return result
 
 
-def _capacity(run: RunSpec, nodes: list[dict[str, float]]) -> int:
+def _place(demand: dict[str, float], workers: int, free: list[dict[str, float]]) -> bool:
+    """Greedily place ``workers`` bundles of ``demand`` on ``free`` (mutated); True if all fit."""
+    trial = [dict(n) for n in free]
+    for _ in range(workers):
+        node = next((n for n in trial if all(n.get(k, 0.0) + 1e-9 >= v for k, v in demand.items())), None)
+        if node is None:
+            return False
+        for k, v in demand.items():
+            node[k] = node.get(k, 0.0) - v
+    free[:] = trial
+    return True
+
+
+def capacity(run: RunSpec, nodes: list[dict[str, float]]) -> int:
     """How many copies of ``run`` the cluster holds at once (at least 1)."""
-    n, free = 0, [dict(x) for x in nodes]
-    demand = run_demands(run)
-    while n < 1024:
-        placed = 0
-        for _ in range(run.resources.workers):
-            for node in free:
-                if all(node.get(k, 0.0) + 1e-9 >= v for k, v in demand.items()):
-                    for k, v in demand.items():
-                        node[k] -= v
-                    placed += 1
-                    break
-        if placed < run.resources.workers:
-            break
+    free, n = [dict(x) for x in nodes], 0
+    while n < 4096 and _place(run_demands(run), run.resources.workers, free):
         n += 1
     return max(1, n)
+
+
+def dispatch(items: list[Any], launch: Callable[[Any], Any], limit: int, on_done: Callable[[Any, Any], None],
+             on_tick: Callable[[], None] | None = None, poll_s: float = 1.0) -> None:
+    """Hand ``items`` to Ray through ``launch`` (returns an ObjectRef), keeping at most
+    ``limit`` in flight; Ray's scheduler decides where and when each one runs. Calls
+    ``on_done(item, result)`` as each finishes and ``on_tick()`` every ``poll_s`` seconds."""
+    pending = list(items)
+    in_flight: dict[Any, Any] = {}
+    while pending or in_flight:
+        while pending and len(in_flight) < limit:
+            item = pending.pop(0)
+            in_flight[launch(item)] = item
+        ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=poll_s)
+        if on_tick:
+            on_tick()
+        for ref in ready:
+            item = in_flight.pop(ref)
+            try:
+                out = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - one run's crash is that run's failure only
+                out = {"status": STATUS_FAILED, "reason": f"{type(e).__name__}: {e}"}
+            on_done(item, out)
+
+
+def launch_order(runs: list[RunSpec]) -> list[RunSpec]:
+    """Longest first (by total FLOPs per worker): list scheduling in LPT order keeps the
+    makespan near max(longest run, total work / capacity)."""
+    return sorted(runs, key=lambda r: -r.total_flops / r.resources.workers)
 
 
 def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], datasets: dict[str, dict[str, Any]], uri: str,
@@ -254,52 +277,55 @@ def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], datasets
                       max_in_flight: int | None) -> None:
     board = get_board(study_name)
     bname = board_name(study_name)
-    limit = max_in_flight or max(2, 2 * _capacity(todo[0][0], nodes))
-    pending = list(todo)
-    in_flight: dict[Any, RunSpec] = {}
-    total_tokens = sum(r.tokens for r, _ in todo)
+    # One run per slot the cluster has (a study's runs share one resources block): each run
+    # that ends frees a slot for the next-longest, so Ray's placement follows LPT order.
+    limit = max_in_flight or max(capacity(r, nodes) for r, _ in todo)
+    mlflow_ids = {r.run_id: m for r, m in todo}
+    order = launch_order([r for r, _ in todo])
+    total_tokens = sum(r.tokens for r in order)
     # A terminal gets live bars; a log (CI, `| tee`) gets a line per finished run and a
     # study-level line every 30 s instead of bars that render only at the end.
     live = console.is_terminal
-    last_line = time.time()
+    last_line = [time.time()]
+    done_tokens: dict[str, int] = {}
     with Progress(TextColumn("{task.description}", justify="left"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False,
                   disable=not live) as bar:
         overall = bar.add_task(f"[bold]study {study_name}", total=total_tokens, info="")
-        names = {r.run_id: r.run_name for r, _ in todo}
-        tasks = {r.run_id: bar.add_task(f"  {r.run_name}", total=r.tokens, info="queued") for r, _ in todo}
-        done_tokens: dict[str, int] = {}
-        while pending or in_flight:
-            while pending and len(in_flight) < limit:
-                run, mlflow_id = pending.pop(0)
-                ref = _fit_run.remote(run.model_dump(mode="json"), datasets[run.corpus_name]["path"], uri, mlflow_id,
-                                      storage, bname)
-                in_flight[ref] = run
-            ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=1.0)
+        names = {r.run_id: r.run_name for r in order}
+        tasks = {r.run_id: bar.add_task(f"  {r.run_name}", total=r.tokens, info="queued") for r in order}
+
+        def launch(run: RunSpec):
+            return _fit_run.remote(run.model_dump(mode="json"), datasets[run.corpus_name]["path"], uri,
+                                   mlflow_ids[run.run_id], storage, bname)
+
+        def on_tick() -> None:
             snap = ray.get(board.snapshot.remote())
             for run_id, s in snap.items():
-                if run_id in tasks:
+                if run_id in tasks and run_id not in result.status:
                     loss = f" loss {s['loss']:.3f}" if "loss" in s else ""
                     bar.update(tasks[run_id], completed=s.get("tokens", 0), info=f"{s.get('state', '')}{loss}")
                     done_tokens[run_id] = s.get("tokens", 0)
-            for ref in ready:
-                run = in_flight.pop(ref)
-                out = ray.get(ref)
-                result.status[run.run_id] = out["status"]
-                result.trained.append(run.run_id)
-                if out["status"] != STATUS_FINISHED:
-                    result.reasons[run.run_id] = out.get("reason", "")
-                    bar.update(tasks[run.run_id], info=f"[red]{out['status']}[/]")
-                    console.print(f"[red]{run.run_name} {out['status']}[/]: {out.get('reason', '')[:300]}")
-                else:
-                    done_tokens[run.run_id] = run.tokens
-                    bar.update(tasks[run.run_id], completed=run.tokens, info="[green]finished[/]")
-                    if not live:
-                        console.print(f"finished {run.run_name} ({run.tokens:,} tokens)")
             bar.update(overall, completed=sum(done_tokens.values()))
-            if not live and time.time() - last_line > 30:
-                last_line = time.time()
+            if not live and time.time() - last_line[0] > 30:
+                last_line[0] = time.time()
                 running = ", ".join(f"{names.get(r, r)} {s_['tokens'] * 100 // max(s_['planned'], 1)}%"
                                     for r, s_ in snap.items() if s_.get("state") == "running" and "planned" in s_)
                 console.print(f"study {study_name}: {sum(done_tokens.values()):,}/{total_tokens:,} tokens"
                               + (f"; running: {running}" if running else ""))
+
+        def on_done(run: RunSpec, out: dict[str, str]) -> None:
+            result.status[run.run_id] = out["status"]
+            result.trained.append(run.run_id)
+            if out["status"] != STATUS_FINISHED:
+                result.reasons[run.run_id] = out.get("reason", "")
+                bar.update(tasks[run.run_id], info=f"[red]{out['status']}[/]")
+                console.print(f"[red]{run.run_name} {out['status']}[/]: {out.get('reason', '')[:300]}")
+            else:
+                done_tokens[run.run_id] = run.tokens
+                bar.update(tasks[run.run_id], completed=run.tokens, info="[green]finished[/]")
+                if not live:
+                    console.print(f"finished {run.run_name} ({run.tokens:,} tokens)")
+            bar.update(overall, completed=sum(done_tokens.values()))
+
+        dispatch(order, launch, limit, on_done, on_tick)

@@ -184,6 +184,10 @@ class RunLoop:
             client = client_for(self.tracking_uri)
             metrics = MetricBuffer(client, self.mlflow_run_id, resume_after=last_logged_step(client, self.mlflow_run_id))
             set_status(client, self.mlflow_run_id, STATUS_RUNNING)
+            if state["step"]:  # a restart: say from where, and count it
+                restarts = int(client.get_run(self.mlflow_run_id).data.tags.get("restarts", "0")) + 1
+                client.set_tag(self.mlflow_run_id, "restarts", str(restarts))
+                client.set_tag(self.mlflow_run_id, "resumed_from_tokens", str(state["step"] * tps))
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         t_last, tok_last = time.perf_counter(), step * tps
         peak = _peak_flops()

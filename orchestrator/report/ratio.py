@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 from scipy.interpolate import PchipInterpolator
-from scipy.optimize import brentq, isotonic_regression
+from scipy.optimize import isotonic_regression
 
 
 @dataclass
@@ -89,28 +89,51 @@ class RatioResult:
         return d
 
 
-def solve_tokens(tokens: np.ndarray, ppl: np.ndarray, target: float) -> tuple[float | None, str | None]:
+def solve_tokens(tokens: np.ndarray, ppl: np.ndarray, target: float) -> tuple[float, str | None]:
     """Tokens at which the monotone log-log interpolant of (tokens, ppl) reaches `target`.
 
     tokens, ppl: shape (k,), one point per extend level (any order, k >= 2, tokens distinct).
     Returns (D*, None) inside the measured range, (max tokens, '>') when even the most tokens
     stay above target, (min tokens, '<') when the fewest tokens are already at or below it.
     """
+    d, side = solve_tokens_batch(tokens, np.asarray(ppl, float)[None, :], np.array([target]))
+    return float(d[0]), (side[0] or None)
+
+
+def solve_tokens_batch(tokens: np.ndarray, ppl: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """solve_tokens for many draws at once (the bootstrap): ppl shape (n, k), target shape (n,).
+
+    Returns D* shape (n,) and the censoring side shape (n,): '>' , '<' or '' (inside).
+    One PCHIP (scipy, all draws as columns) and a vectorised bisection on each draw's cubic
+    piece replace n interpolator builds and n scalar root searches.
+    """
     order = np.argsort(tokens)
     d = np.asarray(tokens, float)[order]
     x = np.log(d)
-    y = isotonic_regression(np.log(np.asarray(ppl, float)[order]), increasing=False).x
-    t = np.log(target)
-    if t < y[-1]:
-        return float(d[-1]), ">"
-    if t >= y[0]:
-        return float(d[0]), "<"
-    # First segment whose right end is at or below the target; y[i] > t >= y[i+1] there.
-    i = int(np.argmax(y <= t)) - 1
-    f = PchipInterpolator(x, y)
-    if y[i + 1] == t:
-        return float(d[i + 1]), None
-    return float(np.exp(brentq(lambda u: f(u) - t, x[i], x[i + 1]))), None
+    y = np.log(np.asarray(ppl, float)[:, order])
+    # Isotonic (non-increasing) fit only where seed noise broke monotonicity.
+    for r in np.nonzero((np.diff(y, axis=1) > 0).any(axis=1))[0]:
+        y[r] = isotonic_regression(y[r], increasing=False).x
+    t = np.log(np.asarray(target, float))
+    out = np.empty(len(t))
+    side = np.full(len(t), "", dtype="<U1")
+    hi, lo = t < y[:, -1], t >= y[:, 0]
+    out[hi], side[hi] = d[-1], ">"
+    out[lo & ~hi], side[lo & ~hi] = d[0], "<"
+    inside = np.nonzero(~hi & ~lo)[0]
+    if len(inside):
+        yi, ti = y[inside], t[inside]
+        # Segment whose right end is the first point at or below the target: y[i] > t >= y[i+1].
+        seg = np.argmax(yi <= ti[:, None], axis=1) - 1
+        coef = PchipInterpolator(x, yi.T, axis=0).c  # (4, k-1, n): cubic in h = u - x[seg]
+        c = coef[:, seg, np.arange(len(inside))]
+        a, b = np.zeros(len(inside)), x[seg + 1] - x[seg]
+        for _ in range(60):  # PCHIP is monotone on each piece, so bisection brackets the root
+            m = (a + b) / 2
+            above = ((c[0] * m + c[1]) * m + c[2]) * m + c[3] > ti
+            a, b = np.where(above, m, a), np.where(above, b, m)
+        out[inside] = np.exp(x[seg] + (a + b) / 2)
+    return out, side
 
 
 def _ratio_from(tokens, ppl, target, target_tokens) -> Estimate:
@@ -201,11 +224,8 @@ def token_ratio(
         ref_sd, tgt_sd = ref_sd or tgt_sd, tgt_sd or ref_sd
     ref_draws = _mean_draws(ref_groups, *ref_sd, n_boot, rng)
     tgt_draws = _mean_draws([tgt_ppl], *tgt_sd, n_boot, rng)[:, 0]
-    boot = np.empty(n_boot)
-    cens = np.zeros(n_boot, bool)
-    for b in range(n_boot):
-        d, direction = solve_tokens(tokens, ref_draws[b], tgt_draws[b])
-        boot[b], cens[b] = d / d_c, direction is not None
+    d_draws, sides = solve_tokens_batch(tokens, ref_draws, tgt_draws)
+    boot, cens = d_draws / d_c, sides != ""
     a = (1.0 - level) / 2.0
     res.ci_low, res.ci_high = (float(v) for v in np.quantile(boot, [a, 1.0 - a], method="inverted_cdf"))
     res.ci_low_censored = bool((cens & (boot <= res.ci_low)).any())
