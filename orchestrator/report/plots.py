@@ -28,13 +28,17 @@ def colors(variants: list[str]) -> dict[str, str]:
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.4, rows: int = 1):
+    """A rows x n grid with fixed margins in inches: tight_layout would render every figure twice."""
     cols = max(n, 1)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    w, h = width * cols, height * rows
+    fig, axes = plt.subplots(rows, cols, figsize=(w, h), squeeze=False)
+    fig.subplots_adjust(left=0.75 / w, right=1 - 0.15 / w, bottom=0.55 / h, top=1 - 0.35 / h, wspace=0.85 / (width - 0.85), hspace=0.9 / (height - 0.9))
     return fig, axes
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+def _save(fig, path: Path, tight: bool = False) -> Path:
+    if tight:
+        fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -81,7 +85,7 @@ def ppl_curves(
         ax.set_title(f"scale {scale}")
         ax.set_xlabel(XLABEL[x])
         ax.set_ylabel("val perplexity")
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7)
     return _save(fig, path)
 
@@ -113,7 +117,7 @@ def token_ratios(ratios: list[dict], scales: list[str], cmap: dict[str, str], pa
     ax.set_title("token ratio (triangles: censored bound)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, tight=True)
 
 
 def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Path) -> Path | None:
@@ -141,7 +145,7 @@ def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Pa
         ax.set_xlabel(label)
         ax.set_ylabel("final val perplexity")
         ax.set_title("this study: L = E + A x^-alpha fits")
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=6)
     ax = axes[0][2]
     pvars = sorted({v for d in PAPER_PPL.values() for v in d})
@@ -155,7 +159,7 @@ def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Pa
     ax.set_xlabel("nominal model size (paper)")
     ax.set_ylabel("WikiText-103 val perplexity")
     ax.set_title("paper reference (arXiv 2604.01683)")
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=6)
     return _save(fig, path)
 
@@ -179,7 +183,7 @@ def seed_spread(std: pd.DataFrame, scales: list[str], cmap: dict[str, str], path
     ax.set_ylabel("seed std of final val perplexity")
     ax.set_title("stability over seeds")
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, tight=True)
 
 
 def attention(diag: dict[str, pd.DataFrame], scales: list[str], cmap: dict[str, str], path: Path) -> Path | None:
