@@ -27,6 +27,7 @@ from orchestrator.report.build import build_report
 from orchestrator.report.query import export_study, query_study
 from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
 
+SECTION = "## Report from MLflow (`python -m orchestrator.report.bench`)"
 # 5 scales x 20 seeds x (4 variants + standard at x1 and 5 extend levels) = 1,000 runs.
 BENCH = SyntheticStudy(
     study="bench-1000",
@@ -126,10 +127,19 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _append(line: str) -> None:
-    """Append a self-contained block (others append to the same file: never rewrite it)."""
+    """Append a row; the table header too unless this file's last section is already ours.
+
+    Others append to the same file, so it is only ever appended to, never rewritten.
+    """
     path = Path(__file__).resolve().parents[2] / "BENCHMARKS.md"
+    text = path.read_text() if path.exists() else ""
+    sections = [ln for ln in text.splitlines() if ln.startswith("## ")]
+    if sections and sections[-1].startswith(SECTION):
+        with open(path, "a") as f:
+            f.write(line + "\n")
+        return
     block = (
-        "\n## Report from MLflow (`python -m orchestrator.report.bench`)\n\n"
+        f"\n{SECTION}\n\n"
         "Target: build_report of a 1,000-run study (200 eval points each) under 60 s. Columns: bulk query "
         "(all runs and metric histories), build_report end to end (query, statistics, 7 figures, HTML, "
         "artifacts logged to MLflow), Parquet export, synthetic store build.\n\n"
