@@ -291,13 +291,22 @@ def _run_status(finals: pd.DataFrame, expected) -> dict:
 
 
 def _inferred_grid(finals: pd.DataFrame) -> set[tuple]:
-    """variants x scales x seeds at x1, plus each variant's extend levels at every scale and seed."""
-    seeds = sorted({int(s) for s in finals["seed"].dropna()})
-    scales = sorted(finals["scale"].dropna().unique())
+    """The plan as the runs present imply it.
+
+    Planned runs (x1): every variant x scale x seed seen at x1. Extend runs: each variant's
+    extend levels x every scale x the seeds seen in that variant's extend runs (a study may
+    extend only some seeds).
+    """
+    scales = finals["scale"].dropna().unique()
+    ints = lambda s: {int(v) for v in s.dropna()}  # noqa: E731
+    x1_seeds = ints(finals.loc[finals["extend"] == 1.0, "seed"])
     grid = set()
     for v, g in finals.groupby("variant"):
-        for e in set(g["extend"]) | {1.0}:
-            grid |= {(v, s, sd, float(e)) for s in scales for sd in seeds}
+        grid |= {(v, s, sd, 1.0) for s in scales for sd in x1_seeds}
+        ext = g[g["extend"] != 1.0]
+        ext_seeds = ints(ext["seed"])
+        for e in set(ext["extend"]):
+            grid |= {(v, s, sd, float(e)) for s in scales for sd in ext_seeds}
     return grid
 
 

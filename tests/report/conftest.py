@@ -25,9 +25,9 @@ NO_EXTEND = SyntheticStudy(study="no-extend", scales={"xs": 2e6}, seeds=(0, 1), 
 
 @pytest.fixture(scope="session")
 def store(tmp_path_factory):
-    """sqlite tracking URI with the studies MAIN, ONE_SEED and NO_EXTEND written through MLflow."""
+    """sqlite tracking URI with every study above written through MLflow."""
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    for spec in (MAIN, ONE_SEED, NO_EXTEND):
+    for spec in (MAIN, ONE_SEED, NO_EXTEND, ALL_FAILED):
         write_synthetic_study(spec, uri)
     return uri
 
@@ -40,3 +40,8 @@ def main_report(store, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "ratio"
     summary = build_report(MAIN.study, store, out, n_boot=400)
     return summary, out
+# Nothing finished: every run failed half-way (partial curves, no final metrics).
+ALL_FAILED = SyntheticStudy(
+    study="all-failed", scales={"xs": 2e6}, seeds=(0,), extend=(2.0,), n_eval=6,
+    failed=(("standard", "xs", 0, 1.0), ("standard", "xs", 0, 2.0), ("coupled", "xs", 0, 1.0)),
+)

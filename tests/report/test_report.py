@@ -11,7 +11,7 @@ import pytest
 from orchestrator.report import ReportError, build_report, export_study, load_study
 from orchestrator.report.query import _query_client, _read_tables_sqlalchemy, query_study
 
-from .conftest import MAIN, NO_EXTEND, ONE_SEED
+from .conftest import ALL_FAILED, MAIN, NO_EXTEND, ONE_SEED
 
 
 def _scale(summary, name):
@@ -148,3 +148,12 @@ def test_sql_bulk_path_matches_client_api_path(store):
     cols = ["run_uuid", "variant", "scale", "seed", "extend", "status", "n_params", "planned_tokens"]
     pd.testing.assert_frame_equal(sql.runs[cols].reset_index(drop=True), api.runs[cols].reset_index(drop=True))
     pd.testing.assert_frame_equal(sql.metrics.reset_index(drop=True), api.metrics.reset_index(drop=True))
+
+
+def test_study_where_every_run_failed_still_reports_them(store, tmp_path):
+    summary = build_report(ALL_FAILED.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
+    assert sorted(r["run_name"] for r in summary["runs"]["failed"]) == ["coupled-xs-s0-x1", "standard-xs-s0-x1", "standard-xs-s0-x2"]
+    s = summary["scales"][0]
+    assert s["token_ratio"] is None and s["final_ppl"] == {}
+    assert "no finished coupled run" in s["token_ratio_reason"]
+    assert "standard-xs-s0-x2" in (tmp_path / "r" / "report.html").read_text()
