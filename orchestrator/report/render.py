@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html as htmlmod
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +95,8 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
             [
                 f"Tokens `{ref}` needs to reach each variant's final perplexity, divided by that variant's tokens: monotone "
                 "(PCHIP) interpolation of log perplexity vs log tokens across the reference's extend runs, 95% percentile "
-                f"bootstrap over seeds ({summary['n_boot']} draws). A target outside the extend range is censored and shown "
+                f"interval of a parametric bootstrap over seeds ({summary['n_boot']} draws of each run group's seed mean "
+                "from the pooled seed spread). A target outside the extend range is censored and shown "
                 "as the bound (`>3.00x`: the longest reference run never reached it; `<1.00x`: already better at x1), never "
                 "extrapolated. The single-run curve estimate reads the reference's longest eval curve instead (labelled: "
                 "its intermediate checkpoints are not annealed, so it overstates the tokens needed). FLOP and wall-clock "
@@ -168,13 +170,18 @@ def markdown(summary: dict, tables: dict[str, pd.DataFrame]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def _code(text: str) -> str:
+    """Markdown `code` spans -> <code> (the text is already HTML-escaped)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+
+
 def html(summary: dict, tables: dict[str, pd.DataFrame], fig_dir: Path) -> str:
     """One self-contained HTML page; each figure is read from fig_dir and embedded as base64."""
     esc = htmlmod.escape
     body = []
     for i, s in enumerate(sections(summary, tables)):
         body.append(f"<h{1 if i == 0 else 2}>{esc(s.title)}</h{1 if i == 0 else 2}>")
-        body += [f"<p>{esc(t)}</p>" for t in s.text]
+        body += [f"<p>{_code(esc(t))}</p>" for t in s.text]
         if s.table is not None:
             body.append(s.table.to_html(index=False, na_rep="—", border=0, classes="t"))
         for f in s.figures:
