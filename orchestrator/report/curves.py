@@ -34,7 +34,7 @@ def run_finals(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     out = runs.copy()
     idx = out["run_uuid"]
     final = _last(metrics, FINAL_PPL).reindex(idx).to_numpy()
-    last_step = metrics.drop_duplicates("run_uuid", keep="last").set_index("run_uuid")["step"]
+    last_step = metrics.groupby("run_uuid")["step"].max()
     out["tokens"] = out["planned_tokens"].fillna(last_step.reindex(idx).astype(float).set_axis(out.index))
     out["final_wall_s"] = _last(metrics, WALL).reindex(idx).to_numpy()
     out["final_flops"] = out["tokens"] * out["flops_per_token"]

@@ -139,7 +139,7 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
     out.append(
         Section(
             "Stability over seeds",
-            [f"Seed standard deviation of final perplexity; paper: " + ", ".join(f"{k} {v}" for k, v in PAPER_SEED_STD.items()) + ". One seed gives no std."],
+            ["Seed standard deviation of final perplexity; paper: " + ", ".join(f"{k} {v}" for k, v in PAPER_SEED_STD.items()) + ". One seed gives no std."],
             pd.DataFrame({"scale": ss["scale"], "variant": ss["variant"], "mean ppl": ss["mean"].map(lambda v: _fmt(v, ".3f")), "seed std": ss["std"].map(lambda v: _fmt(v, ".3f", "— (one seed)")), "seeds": ss["n_seeds"]}),
             ["seed_std.png", "attention.png"],
         )

@@ -75,7 +75,7 @@ def write_synthetic_study(study: SyntheticStudy, tracking_uri: str, *, bulk_sql:
     sqlite/postgres URIs) so the 1,000-run benchmark store builds in minutes, not an hour.
     """
     from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
 
     client = MlflowClient(tracking_uri)
     eid = client.create_experiment(study.study)
