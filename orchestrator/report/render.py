@@ -77,7 +77,7 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
                     "tokens": ft["tokens"].map(lambda v: _fmt(v, ".3g")),
                     "val ppl": [f"{_fmt(m, '.3f')} ± {_fmt(s, '.3f')} (n={n})" for m, s, n in zip(ft["mean_ppl"], ft["std"], ft["n_seeds"])],
                     "vs reference": ft["change_vs_reference_pct"].map(_pct),
-                    "paper ppl": ft["paper_ppl"].map(lambda v: v or "—"),
+                    "paper ppl": ft["paper_ppl"].map(lambda v: v if isinstance(v, str) else "—"),
                     "paper vs reference": ft["paper_change_pct"].map(_pct),
                 }
             ),

@@ -157,3 +157,14 @@ def test_study_where_every_run_failed_still_reports_them(store, tmp_path):
     assert s["token_ratio"] is None and s["final_ppl"] == {}
     assert "no finished coupled run" in s["token_ratio_reason"]
     assert "standard-xs-s0-x2" in (tmp_path / "r" / "report.html").read_text()
+
+
+def test_paper_numbers_printed_beside_matching_scales(store, tmp_path):
+    from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
+
+    spec = SyntheticStudy(study="paper-scales", scales={"cpu-xs": 6e5, "60m": 2.5e7}, seeds=(0, 1), extend=(3.0,), n_eval=5)
+    write_synthetic_study(spec, store)
+    build_report(spec.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
+    rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip(): line for line in (tmp_path / "r" / "report.md").read_text().splitlines() if line.startswith("| ") and "±" in line}
+    assert "24.22" in rows["60m/standard"] and "22.55-22.62" in rows["60m/coupled"]
+    assert "nan" not in rows["cpu-xs/coupled"] and "—" in rows["cpu-xs/coupled"]
