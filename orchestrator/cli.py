@@ -31,6 +31,13 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 EXIT_INPUT = 2
 
 
+def redact_uri(uri: str) -> str:
+    """Credentials in a URI never reach the terminal (see orchestrator.security)."""
+    from .security import redact_uri as _redact
+
+    return _redact(uri)
+
+
 def _input_errors(fn):
     """Turn the product's input errors into a clear message and exit code 2."""
 
@@ -145,7 +152,7 @@ def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
     for st in res.status.values():
         counts[st] = counts.get(st, 0) + 1
     err.print(f"study {s.name} done in {res.wall_s:.0f} s: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-    err.print(f"MLflow: {s.resolved_tracking_uri} (experiment {s.name})")
+    err.print(f"MLflow: {redact_uri(s.resolved_tracking_uri)} (experiment {s.name})")
     if not res.ok:
         raise typer.Exit(1)
 
@@ -265,7 +272,7 @@ def status(study: str = typer.Argument(..., help="Study name or spec path."),
     if as_json:
         print(json.dumps({"runs": rows, "jobs": jobs}, indent=2, default=str))
         return
-    t = Table(title=f"{name}: {len(rows)} runs ({uri})")
+    t = Table(title=f"{name}: {len(rows)} runs ({redact_uri(uri)})")
     for c in ("run", "run_id", "status", "tokens", "planned", "val ppl", "note"):
         t.add_column(c)
     for r in rows:

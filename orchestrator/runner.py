@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .planner import RunSpec, plan
 from .progress import board_name, get_board
+from .security import redact_uri
 from .spec import Study
 from .tracking import (KIND_TAG, STATUS_FAILED, STATUS_QUEUED, STATUS_FINISHED, client_for, create_run, ensure_experiment, find_train_runs,
                        run_status, set_status)
@@ -185,7 +186,7 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
 
     init_ray(address, verbose)
     nodes = _alive_nodes()
-    console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {tracking_uri}")
+    console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {redact_uri(tracking_uri)}")
     with console.status("preparing data (Ray tasks)"):
         datasets = prepare_data(runs)
     for name, d in datasets.items():
