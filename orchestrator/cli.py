@@ -126,14 +126,61 @@ def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
                  "tokens": r.tokens, "steps": r.steps, "total_flops": r.total_flops} for r in runs]
         print(json.dumps(rows, indent=2))
         return
+    from .calibrate import throughput_table
+
+    thr = throughput_table(s) or {}
+    hours = {r.run_id: device_hours(r, thr) for r in runs}
     t = Table(title=f"{s.name}: {len(runs)} runs, budget mode {s.budget.mode} (N = non-embedding parameters)")
-    for c in ("run_id", "variant", "scale", "seed", "extend", "N", "N total", "FLOPs/token", "tokens", "steps", "total FLOPs"):
+    cols = ["run_id", "variant", "scale", "seed", "extend", "N", "N total", "FLOPs/token", "tokens", "steps", "total FLOPs",
+            "est. device-h"]
+    for c in cols:
         t.add_column(c, justify="right" if c not in ("run_id", "variant", "scale") else "left")
     for r in runs:
+        h = hours[r.run_id]
         t.add_row(r.run_id, r.variant, r.scale, str(r.seed), f"{r.extend:g}", f"{r.n_params:,}", f"{r.n_params_total:,}",
-                  f"{r.flops_per_token:,}", f"{r.tokens:,}", f"{r.steps:,}", f"{r.total_flops:.3e}")
+                  f"{r.flops_per_token:,}", f"{r.tokens:,}", f"{r.steps:,}", f"{r.total_flops:.3e}",
+                  f"{h:.2f}" if h is not None else "-")
     out.print(t)
-    out.print(f"total: {sum(r.tokens for r in runs):,} tokens, {sum(r.total_flops for r in runs):.3e} FLOPs")
+    known = [h for h in hours.values() if h is not None]
+    est = (f", {sum(known):,.1f} device-hours (throughput from {'the spec' if s.budget.throughput else 'calibration'})"
+           if len(known) == len(runs) else " (device-hours: run `qkstudy calibrate SPEC` or declare budget.throughput)")
+    out.print(f"total: {sum(r.tokens for r in runs):,} tokens, {sum(r.total_flops for r in runs):.3e} FLOPs" + est)
+
+
+def device_hours(run, throughput: dict) -> float | None:
+    """Device-hours of a run: tokens / (tokens/s of the run) x its devices (GPUs, else CPU
+    workers) / 3600; None when the variant's throughput at that scale is unknown."""
+    tps = (throughput.get(run.scale) or {}).get(run.variant)
+    if not tps:
+        return None
+    r = run.resources
+    devices = r.workers * (r.gpus_per_worker or 1)
+    return run.tokens / tps * devices / 3600
+
+
+@app.command()
+@_input_errors
+def calibrate(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
+              address: Optional[str] = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
+              repeats: int = typer.Option(3, help="Timed repeats per variant (median).")) -> None:
+    """Measure tokens/s of every (scale, variant) on the study's hardware (for wallclock budgets)."""
+    from .calibrate import calibrate as measure
+    from .calibrate import save_calibration
+    from .runner import init_ray
+
+    s = _load(spec)
+    init_ray(address)
+    with err.status("timing optimizer steps of every variant (Ray task per scale)"):
+        table = measure(s, repeats=repeats)
+    path = save_calibration(s, table)
+    t = Table(title=f"{s.name}: tokens/s per run ({s.resources.workers} worker(s))")
+    t.add_column("scale")
+    for v in s.variants:
+        t.add_column(v.name, justify="right")
+    for scale, row in table.items():
+        t.add_row(scale, *[f"{row[v.name]:,.0f}" for v in s.variants])
+    out.print(t)
+    err.print(f"wrote {path}")
 
 
 @app.command()

@@ -204,10 +204,14 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any]) -> list
             elif study.budget.mode == "flops":
                 d_v = d_ref * ref.flops_per_token / c.flops_per_token
             else:
-                thr = study.budget.throughput
-                if not thr:
-                    raise PlanError("budget.mode wallclock needs budget.throughput (tokens/s per variant); "
-                                    "measure it with `qkstudy calibrate SPEC`")
+                from .calibrate import throughput_table
+
+                table = throughput_table(study) or {}
+                thr = table.get(scale)
+                if not thr or v.name not in thr or study.reference not in thr:
+                    raise PlanError(f"budget.mode wallclock needs the throughput of every variant at scale {scale}: "
+                                    "declare budget.throughput (tokens/s per variant) or measure it with "
+                                    "`qkstudy calibrate SPEC`")
                 d_v = d_ref * thr[v.name] / thr[study.reference]
             multipliers = [1.0] + (list(study.extend) if v.name == study.reference else [])
             for seed in study.seeds:

@@ -51,7 +51,8 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
     """Join ``address`` (or RAY_ADDRESS), else start a local Ray; no-op when connected."""
     if ray.is_initialized():
         return
-    ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, namespace="qkstudy", log_to_driver=verbose,
+    # "local": a fresh local Ray even if a stale `ray start` left its address file behind.
+    ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local", namespace="qkstudy", log_to_driver=verbose,
              configure_logging=verbose, logging_level="INFO" if verbose else "ERROR")
 
 

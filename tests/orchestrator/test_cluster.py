@@ -81,6 +81,10 @@ def cluster(tmp_path_factory):
         mp.undo()
         for p in reversed(procs):
             _stop(p)
+        # `ray start` leaves the cluster's address behind for `ray.init()` to find; it is gone now.
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.exists() and current.read_text().strip().endswith(f":{gcs}"):
+            current.unlink()
 
 
 SPEC = """\

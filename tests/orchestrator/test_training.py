@@ -35,7 +35,7 @@ BASE = {
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
