@@ -68,12 +68,21 @@ def lr_multiplier(step: int, total_steps: int, warmup_steps: int, schedule: str,
     raise ValueError(f"unknown schedule {schedule!r}; allowed: cosine, wsd")
 
 
+# Parameters of dim >= 2 that are not weight matrices: the coupled transform's per-head step
+# dt [H, 1] and its MLP biases b1 [groups, hidden], b2 [groups, head_dim].
+_NO_DECAY_LEAVES = ("dt", "b1", "b2", "bias")
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: decay matrices (dim >= 2), not biases, norms or per-head scalars."""
+    """AdamW groups: weight decay on weight matrices only (linear, embedding and coupling-MLP
+    weights), not on biases, norm gains, lambda vectors or the learned step dt (GPT-2 /
+    nanoGPT practice; decaying dt would pull every coupled model towards standard attention)."""
     decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        (no_decay if p.dim() < 2 or leaf in _NO_DECAY_LEAVES else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

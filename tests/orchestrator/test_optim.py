@@ -41,3 +41,18 @@ def test_deepspeed_config_precision_by_device():
     assert cpu["bf16"]["enabled"] is False and gpu["bf16"]["enabled"] is True
     assert cpu["train_batch_size"] == 32 and cpu["gradient_accumulation_steps"] == 2
     assert cpu["zero_optimization"]["stage"] == 3
+
+
+def test_weight_decay_only_on_weight_matrices():
+    from model import GPT, build_config
+    from orchestrator.optim import param_groups
+
+    m = GPT(build_config("cpu-xs", "coupled_differential", vocab_size=256))
+    decay, no_decay = param_groups(m, 0.1)
+    names = {id(p): n for n, p in m.named_parameters()}
+    dec = {names[id(p)].rsplit(".", 1)[-1] for p in decay["params"]}
+    nod = {names[id(p)].rsplit(".", 1)[-1] for p in no_decay["params"]}
+    assert dec == {"weight", "w1", "w2"}
+    assert {"dt", "b1", "b2", "lambda_q1", "lambda_k2"} <= nod and "w1" not in nod
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(m.parameters()))
