@@ -241,16 +241,25 @@ def report(study: str = typer.Argument(..., help="Study name or spec path."),
            out_dir: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/<study>/report)."),
            tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's store)."),
            reference: Optional[str] = typer.Option(None, help="Reference variant (default: the spec's, else standard)."),
+           target_variant: str = typer.Option("coupled", "--target", help="Variant whose token ratio is the headline."),
+           corpus: Optional[str] = typer.Option(None, help="Only this corpus (default: one report per corpus)."),
+           no_log: bool = typer.Option(False, "--no-log", help="Do not log the report as an MLflow run."),
            as_json: bool = typer.Option(False, "--json", help="Print the per-scale summary as JSON.")) -> None:
     """Build the study's report from MLflow alone: curves, token ratio, tables, plots."""
     from .report import build_report
 
     name, uri = _study_uri(study, tracking_uri)
-    ref = reference
-    if ref is None and Path(study).is_file():
-        ref = _load(Path(study)).reference
+    ref, expected = reference, None
+    if Path(study).is_file():  # the plan says which runs are missing
+        from .planner import plan
+
+        spec = _load(Path(study))
+        ref = ref or spec.reference
+        expected = [{"variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend, "corpus": r.corpus_name}
+                    for r in plan(spec)]
     target = out_dir or Path("runs") / name / "report"
-    summary = build_report(name, uri, target, reference=ref or "standard")
+    summary = build_report(name, uri, target, reference=ref or "standard", target=target_variant,
+                           log_to_mlflow=not no_log, expected=expected, corpus=corpus)
     if as_json:
         print(json.dumps(summary["scales"], indent=2))
     else:

@@ -42,8 +42,14 @@ def build_report(
     expected: Iterable[dict] | None = None,
     n_boot: int = 1000,
     seed: int = 0,
+    corpus: str | None = None,
 ) -> dict:
     """Write the study's report into out_dir and return its JSON-able summary.
+
+    A study with several corpora (tag ``corpus``) gets one report per corpus in
+    ``out_dir/<corpus>/`` (scales are never pooled across corpora: the paper's finding is
+    that the answer depends on the corpus) and an index ``out_dir/report.md``; every entry
+    of ``summary["scales"]`` then names its ``corpus``. ``corpus`` restricts to one corpus.
 
     expected: optional planned runs (dicts with variant, scale, seed, extend) to list missing
         runs against; by default the grid is inferred from the runs present (every variant x
@@ -56,7 +62,20 @@ def build_report(
     the reference variant.
     """
     data = query_study(study, tracking_uri)
+    corpora = sorted(str(c) for c in data.runs["corpus"].dropna().unique()) if "corpus" in data.runs else []
+    if corpus is not None:
+        if corpus not in corpora:
+            raise ReportError(f"study {study!r} has no runs on corpus {corpus!r}; corpora: {corpora}")
+        data = _only_corpus(data, corpus)
+        expected = [e for e in expected if e.get("corpus", corpus) == corpus] if expected is not None else None
+    elif len(corpora) > 1:
+        return _build_per_corpus(study, tracking_uri, out_dir, corpora, reference=reference, target=target,
+                                 log_to_mlflow=log_to_mlflow, expected=expected, n_boot=n_boot, seed=seed)
     summary, tables, figures_fn = analyse(data, reference=reference, target=target, expected=expected, n_boot=n_boot, seed=seed)
+    if corpus is not None:
+        summary["corpus"] = corpus
+        for s_ in summary.get("scales", []):
+            s_["corpus"] = corpus
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     client = run_id = None
@@ -64,7 +83,8 @@ def build_report(
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri)
-        run = client.create_run(data.experiment_id, run_name=f"report-{study}", tags={KIND_TAG: "report", "study": study})
+        name = f"report-{study}" + (f"-{corpus}" if corpus else "")
+        run = client.create_run(data.experiment_id, run_name=name, tags={KIND_TAG: "report", "study": study})
         run_id = run.info.run_id
         summary["mlflow_report_run"] = run_id
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -87,6 +107,42 @@ def build_report(
         client.log_artifacts(run_id, str(out))
         client.set_terminated(run_id, status="FINISHED")
     return summary
+
+
+def _only_corpus(data: StudyData, corpus: str) -> StudyData:
+    import dataclasses
+
+    runs = data.runs[data.runs["corpus"] == corpus]
+    return dataclasses.replace(data, runs=runs, metrics=data.metrics[data.metrics["run_uuid"].isin(runs["run_uuid"])])
+
+
+def _build_per_corpus(study: str, tracking_uri: str, out_dir: str | os.PathLike, corpora: list[str], **kw) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = {c: build_report(study, tracking_uri, out / c, corpus=c, **kw) for c in corpora}
+    summary = {"study": study, "corpora": corpora,
+               "scales": [s_ for c in corpora for s_ in parts[c]["scales"]],
+               "reports": {c: f"{c}/report.md" for c in corpora}}
+    lines = [f"# qkstudy report: {study}", "", "One report per corpus (scales are not pooled across corpora):", ""]
+    lines += [f"- [{c}]({c}/report.md) ([html]({c}/report.html))" for c in corpora]
+    rows = ["", "| corpus | scale | token ratio | censored | " + " | ".join(f"{v} ppl" for v in _variants(summary)) + " |",
+            "|---|---|---|---|" + "---|" * len(_variants(summary))]
+    for s_ in summary["scales"]:
+        ratio = "n/a" if s_.get("token_ratio") is None else f"{s_['token_ratio']:.2f}x"
+        ppl = " | ".join(f"{s_['final_ppl'][v]:.2f}" if v in s_.get("final_ppl", {}) else "-" for v in _variants(summary))
+        rows.append(f"| {s_['corpus']} | {s_['scale']} | {ratio} | {s_.get('censored')} | {ppl} |")
+    for name, text in (("report.md", "\n".join(lines + rows) + "\n"), ("summary.json", json.dumps(_jsonable(summary), indent=2))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+    return summary
+
+
+def _variants(summary: dict) -> list[str]:
+    seen: list[str] = []
+    for s_ in summary["scales"]:
+        seen += [v for v in s_.get("final_ppl", {}) if v not in seen]
+    return seen
 
 
 def _swap_in(tmp: Path, out: Path) -> None:

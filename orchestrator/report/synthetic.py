@@ -41,6 +41,7 @@ class SyntheticStudy:
     failed: tuple[tuple[str, str, int, float], ...] = ()  # (variant, scale, seed, extend)
     skip: tuple[tuple[str, str, int, float], ...] = ()
     rng_seed: int = 1234
+    corpus: str = "synthetic"
 
     def planned(self) -> list[tuple[str, str, int, float]]:
         """Every (variant, scale, seed, extend) the study plans, extend runs for the reference only."""
@@ -78,7 +79,8 @@ def write_synthetic_study(study: SyntheticStudy, tracking_uri: str, *, bulk_sql:
     from mlflow.entities import Metric, Param
 
     client = MlflowClient(tracking_uri)
-    eid = client.create_experiment(study.study)
+    exp = client.get_experiment_by_name(study.study)  # several corpora share one experiment
+    eid = exp.experiment_id if exp is not None else client.create_experiment(study.study)
     rng = np.random.default_rng(study.rng_seed)
     skip, failed = set(study.skip), set(study.failed)
     run_ids: list[str] = []
@@ -95,11 +97,11 @@ def write_synthetic_study(study: SyntheticStudy, tracking_uri: str, *, bulk_sql:
         name = f"{variant}-{scale}-s{seed}-x{_fmt(mult)}"
         tags = {
             "study": study.study,
-            "run_id": uuid.uuid5(uuid.NAMESPACE_URL, f"{study.study}/{name}").hex[:16],
+            "run_id": uuid.uuid5(uuid.NAMESPACE_URL, f"{study.study}/{study.corpus}/{name}").hex[:16],
             "variant": variant,
             "scale": scale,
             "seed": str(seed),
-            "corpus": "synthetic",
+            "corpus": study.corpus,
             "extend": _fmt(mult),
             "status": "failed" if is_failed else "finished",
             "qkstudy.kind": "train",

@@ -168,3 +168,23 @@ def test_paper_numbers_printed_beside_matching_scales(store, tmp_path):
     rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip(): line for line in (tmp_path / "r" / "report.md").read_text().splitlines() if line.startswith("| ") and "±" in line}
     assert "24.22" in rows["60m/standard"] and "22.55-22.62" in rows["60m/coupled"]
     assert "nan" not in rows["cpu-xs/coupled"] and "—" in rows["cpu-xs/coupled"]
+
+
+def test_two_corpora_are_reported_separately(store, tmp_path):
+    """Scales are never pooled across corpora: each corpus gets its own ratio."""
+    from orchestrator.report import build_report
+    from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
+
+    common = dict(study="two-corpora", scales={"xs": 2e6}, seeds=(0, 1, 2), extend=(1.5, 2.0, 3.0), n_eval=8)
+    write_synthetic_study(SyntheticStudy(corpus="code", variants={"standard": 1.0, "coupled": 2.4}, **common), store)
+    write_synthetic_study(SyntheticStudy(corpus="web", variants={"standard": 1.0, "coupled": 1.5}, **common), store)
+    summary = build_report("two-corpora", store, tmp_path / "out", log_to_mlflow=False)
+    assert summary["corpora"] == ["code", "web"]
+    ratios = {s["corpus"]: s["token_ratio"] for s in summary["scales"]}
+    assert ratios["code"] == pytest.approx(2.4, rel=0.03) and ratios["web"] == pytest.approx(1.5, rel=0.03)
+    for c in ("code", "web"):
+        assert (tmp_path / "out" / c / "report.md").exists()
+    index = (tmp_path / "out" / "report.md").read_text()
+    assert "[code](code/report.md)" in index and "| web | xs |" in index
+    one = build_report("two-corpora", store, tmp_path / "web", corpus="web", log_to_mlflow=False)
+    assert [s["corpus"] for s in one["scales"]] == ["web"]
