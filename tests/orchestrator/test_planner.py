@@ -105,3 +105,11 @@ def test_several_corpora_plan_each_with_its_own_identity():
     assert runs[-1].run_name.endswith("@small")
     with pytest.raises(Exception, match="either corpus"):
         _plan(corpus={"source": "stdlib"}, corpora={"a": {"source": "stdlib"}})
+
+
+def test_bench_study_plans_200_runs():
+    from orchestrator.bench import STUDY
+
+    runs = plan(parse_spec(STUDY))
+    assert len(runs) == 200
+    assert {r.resources.gpus_per_worker * r.resources.workers for r in runs} == {8}
