@@ -3,13 +3,14 @@
 Times full optimizer steps (forward + backward + AdamW) of each variant on a fixed random
 batch. Variants run interleaved in the same process (each repeat times every variant once,
 in a rotated order, after warm-up), so load drift hits all of them alike; the ratio to
-`standard` is the median over repeats of the paired per-repeat ratios. The FLOP ratio from
-the analytic counts sits beside it: the wall-clock overhead of a variant should approach
-its FLOP overhead. A dated Markdown table (machine, torch, command) is appended to
+`standard` is the median over repeats of the paired per-repeat ratios. The same ratio of
+process CPU time is reported too (less sensitive to other processes on a shared machine,
+though it also counts OpenMP spin-waits). The FLOP ratio from the analytic counts sits
+beside them: the wall-clock overhead of a variant should approach its FLOP overhead. A dated Markdown table (machine, torch, command) is appended to
 BENCHMARKS.md (written to a temp file, then renamed).
 
     python -m model.bench [--preset cpu-s] [--variants standard coupled coupled:integrator=leapfrog]
-                          [--repeats 7] [--steps 3] [--batch-size 8] [--vocab-size 4096]
+                          [--repeats 15] [--steps 1] [--batch-size 8] [--vocab-size 4096]
 
 A variant spec is NAME or NAME:opt=value,opt=value with options of `build_config`.
 """
@@ -177,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m model.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu-s", choices=list(PRESETS))
     p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--steps", type=int, default=3, help="timed optimizer steps per repeat")
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--steps", type=int, default=1,
+                   help="timed optimizer steps per repeat (few: pairs then share machine load)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     p.add_argument("--vocab-size", type=int, default=4096, help="the CPU runs' tokenizer size")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: preset's)")

@@ -16,6 +16,11 @@
   Fused form: by linearity (A1 - lambda A2) v = A1 v - lambda A2 v, so one SDPA call over
   all n_head component heads, each reading its differential head's 2*head_dim value, gives
   both terms without materialising the maps (the reference's FlashDiff does the same).
+  GPU SDPA kernels accept a value width != query/key width; the CPU flash kernel does not
+  (SDPA would fall back to its unfused math path, ~1.8x slower per layer), so on CPU with
+  flash enabled q and k are zero-padded to 2*head_dim with the scale kept at
+  1/sqrt(head_dim): scores are unchanged, and the padded half (multiplications by zero) is
+  not model FLOPs and is not counted.
 
 FLOPs (forward, per token, per layer, full sequence T, matmuls only): standard scores
 2*T*d_model and AV 2*T*d_model. Differential scores 2*T*d_model and, because the fused form
@@ -109,7 +114,10 @@ class DifferentialScoring(nn.Module):
         B, T, H, D = q.shape
         # each component head reads its differential head's value (width 2*head_dim)
         v = v.view(B, T, H // 2, 2 * D).transpose(1, 2).repeat_interleave(2, dim=1)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v, is_causal=True)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        if q.device.type == "cpu" and torch.backends.cuda.flash_sdp_enabled():
+            q, k = F.pad(q, (0, D)), F.pad(k, (0, D))  # CPU flash needs equal head dims
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=D ** -0.5)
         y = y.view(B, H // 2, 2, T, 2 * D)
         y = y[:, :, 0] - self.lambda_full().to(y.dtype) * y[:, :, 1]
         y = self.subln(y) * (1.0 - self.lambda_init)

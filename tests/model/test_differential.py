@@ -57,3 +57,17 @@ def test_differential_halves_heads_and_matches_standard_parameters(make_model):
     hd = diff.cfg.head_dim
     # projections identical; per layer 4 lambda vectors (head_dim) + RMSNorm weight (2*head_dim)
     assert diff.num_params() - std.num_params() == diff.cfg.n_layer * 6 * hd
+
+
+def test_cpu_flash_padding_and_math_backend_agree(make_model):
+    """The CPU fast path (q, k zero-padded onto the flash kernel) and the unpadded math
+    backend used for FLOP measurement compute the same layer."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    attn = make_model("differential", scale="cpu-s").blocks[2].attn
+    x = torch.randn(2, 64, attn.d_model)
+    assert torch.backends.cuda.flash_sdp_enabled()
+    fast = attn(x)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert not torch.backends.cuda.flash_sdp_enabled()
+        torch.testing.assert_close(fast, attn(x), rtol=1e-4, atol=1e-5)
