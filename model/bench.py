@@ -168,9 +168,11 @@ def format_table(results: list[BenchResult]) -> str:
 def append_markdown(path: Path, text: str) -> None:
     """Append text to path atomically (temp file in the same folder, then rename)."""
     old = path.read_text() if path.exists() else "# Benchmarks\n"
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644  # mkstemp would leave 0600
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
         f.write(old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
+    os.chmod(tmp, mode)
     os.replace(tmp, path)
 
 

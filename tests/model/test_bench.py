@@ -40,3 +40,7 @@ def test_append_markdown_creates_file(tmp_path):
     path = tmp_path / "B.md"
     append_markdown(path, "## x\n")
     assert path.read_text() == "# Benchmarks\n\n## x\n"
+    assert path.stat().st_mode & 0o777 == 0o644
+    path.chmod(0o664)
+    append_markdown(path, "## y")
+    assert path.read_text().endswith("## x\n\n## y\n") and path.stat().st_mode & 0o777 == 0o664
