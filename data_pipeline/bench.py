@@ -125,6 +125,7 @@ Command: `python -m data_pipeline.bench` (`make bench`). Corpus: CPython {platfo
 {row.format(f"prepare: tokenize + write shards stage, {num_proc} processes", best["stage"], med["stage"], r["stage_tps"], used["stage"])}
 | prepare end to end (read, split, train tokenizer, tokenize, write), once | {total_s:.2f} | | {tokens / total_s:,.0f} | |
 | of which tokenizer training (BPE 4096, 100k sampled lines) | {r['train_s']:.2f} | | | |
+| of which tokenize + write shards stage ({num_proc} processes) | {m['timings']['tokenize_s']:.2f} | | {tokens / m['timings']['tokenize_s']:,.0f} | |
 | prepare again (cache hit, no-op) | {noop_s:.3f} | | | |
 
 Stage speed-up over single-process encode: **{r['speedup']:.2f}x** (target >= 1.6x on 2 cores);
