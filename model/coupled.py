@@ -139,7 +139,10 @@ class CoupledQK(_DynamicsQK):
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = q.shape
         q, k, dt = q.flatten(2), k.flatten(2), self._dt_per_channel(shape[-1])
-        f = lambda x: self.f(x.view(shape)).flatten(2)  # noqa: E731
+
+        def f(x: torch.Tensor) -> torch.Tensor:  # f on flat [B, T, H*hd] views
+            return self.f(x.view(shape)).flatten(2)
+
         if self.integrator == "euler":
             for _ in range(self.n_steps):
                 q, k = torch.addcmul(q, dt, k), torch.addcmul(k, dt, f(q))
