@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+
+# MLflow announces every new SQLite store at INFO; the CLI prints what matters itself.
+logging.getLogger("mlflow").setLevel(logging.WARNING)
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Compute-matched scaling studies of attention variants.")
 data_app = typer.Typer(no_args_is_help=True, help="Prepare corpora into token shards.")

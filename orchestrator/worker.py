@@ -159,18 +159,27 @@ class RunLoop:
         self.engine.train()
         return out
 
-    def _checkpoint(self, state: dict[str, Any], metrics: dict[str, float]) -> None:
+    def _checkpoint(self, state: dict[str, Any], metrics: dict[str, float]) -> dict[str, float]:
+        """Save every rank's shard and the loop state as one Ray Train checkpoint.
+
+        Returns {checkpoint/bytes (all ranks), checkpoint/save_s (DeepSpeed save), checkpoint/persist_s
+        (ray.train.report copying it to the study's storage)} for rank 0 to log."""
         import ray.train
 
         with tempfile.TemporaryDirectory(prefix="qkstudy-ckpt-") as d:
+            t0 = time.perf_counter()
             self.engine.save_checkpoint(d, tag=CKPT_TAG)
             if self.rank == 0:
                 tmp = Path(d) / (STATE_FILE + ".tmp")
                 tmp.write_text(json.dumps(state))
                 tmp.rename(Path(d) / STATE_FILE)
-            self.dist.barrier()
+            size = sum(f.stat().st_size for f in Path(d).rglob("*") if f.is_file())
+            (size,) = self.dist.sum([float(size)], self.device)
+            t1 = time.perf_counter()
             if _in_ray_train():
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+            t2 = time.perf_counter()
+        return {"checkpoint/bytes": size, "checkpoint/save_s": t1 - t0, "checkpoint/persist_s": t2 - t1}
 
     # -- the loop --------------------------------------------------------------------------
     def run_loop(self) -> str:
@@ -234,7 +243,9 @@ class RunLoop:
                 if not is_last and evals % r.checkpoint_every_evals == 0:
                     st = {"step": step, "wall_s": wall_s, "evals": evals, "tokens": tokens,
                           "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id}
-                    self._checkpoint(st, {"tokens": tokens, "val_loss": val})
+                    ckpt = self._checkpoint(st, {"tokens": tokens, "val_loss": val})
+                    if self.rank == 0:
+                        metrics.add(ckpt, tokens)
         if self.rank == 0:
             metrics.flush()
             set_status(client, self.mlflow_run_id, STATUS_FINISHED, tokens=step * tps)
