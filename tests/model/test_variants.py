@@ -111,3 +111,18 @@ def test_differential_lambda_and_norm_get_gradients(make_model):
     sc = model.blocks[1].attn.scoring
     for p in (sc.lambda_q1, sc.lambda_k1, sc.lambda_q2, sc.lambda_k2, sc.subln.weight):
         assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_learns_a_fixed_batch(make_model, variant):
+    model = make_model(variant).train()
+    idx = torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(5))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(25):
+        opt.zero_grad()
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
