@@ -70,7 +70,9 @@ class BenchResult:
     mfu: float | None
 
 
-def _machine() -> str:
+def machine_description() -> str:
+    """CPU model, CPU count, torch build, threads and load average (and the GPU, if any):
+    the machine line every benchmark row carries."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     p.add_argument("--no-append", action="store_true", help="print only")
     args = p.parse_args(argv)
-    machine = _machine()
+    machine = machine_description()
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     try:
         results = run_bench(args.preset, args.variants, args.repeats, args.steps, args.batch_size,

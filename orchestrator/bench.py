@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import statistics
 import sys
 import time
@@ -52,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = ap.parse_args(argv)
     n, secs = bench(args.repeats)
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}"
+    from model.bench import machine_description
+
+    machine = machine_description()
     row = (f"\n## Planner: validate + plan a {n}-run study (64-GPU cluster declared)\n\n"
            f"{dt.date.today().isoformat()} - {machine} - `python -m orchestrator.bench --repeats {args.repeats}`\n\n"
            f"| runs | median seconds | target |\n|---:|---:|---:|\n| {n} | {secs:.3f} | < 2 |\n")

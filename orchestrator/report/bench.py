@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -67,16 +66,9 @@ def bench_store(cache: Path, study: SyntheticStudy = BENCH) -> tuple[str, float 
 
 
 def _machine() -> str:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{cpu}, {os.cpu_count()} CPUs visible, Python {platform.python_version()}, load avg {load:.1f} at start"
+    from model.bench import machine_description
+
+    return machine_description()
 
 
 def main(argv: list[str] | None = None) -> dict:
