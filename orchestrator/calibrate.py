@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from .recipe import recipe_for
+from .planner import resolve_train
 from .spec import Study
 
 CALIBRATION_FILE = "calibration.json"
@@ -43,9 +43,8 @@ def calibrate(study: Study, *, repeats: int = 3, steps: int = 2) -> dict[str, di
     specs = [_variant_spec(v.model_variant, v.options) for v in study.variants]
     refs = {}
     for scale in study.scales:
-        r = recipe_for(scale)
-        seq_len = study.train.seq_len or r.seq_len
-        micro = min(study.train.micro_batch or r.micro_batch, study.train.global_batch or r.global_batch)
+        t = resolve_train(study, scale)
+        seq_len, micro = t.seq_len, t.micro_batch
         refs[scale] = bench.remote(scale, specs, repeats, steps, micro, study.tokenizer.vocab_size, seq_len)
     out = {}
     for scale, ref in refs.items():

@@ -114,11 +114,13 @@ def _fmt_extend(e: float) -> str:
 
 def resolve_train(study: Study, scale: str) -> TrainRecipe:
     """Merge the study's train section over the scale's recipe."""
+    from model import PRESETS
+
     r = recipe_for(scale)
     t = study.train
     global_batch = t.global_batch or r.global_batch
     return TrainRecipe(
-        seq_len=t.seq_len or r.seq_len,
+        seq_len=t.seq_len or r.seq_len or PRESETS[scale].seq_len,
         global_batch=global_batch,
         micro_batch=min(t.micro_batch or r.micro_batch, global_batch),
         lr=t.lr or r.lr,

@@ -7,8 +7,9 @@ Chinchilla-style ladders of OLMo): smaller models take larger learning rates; wa
 fixed fraction of the optimizer steps; cosine decays to ``min_lr_ratio`` of the peak.
 
 CPU scales are sized so that a run of a few hundred optimizer steps takes a minute or two on
-one core. The paper scales (60m / 150m / 350m) use the GPT-2 small-ish setting the paper's
-WikiText-103 runs imply (seq_len 1024, 0.5M tokens per step).
+one core: 128-token windows (shorter than cpu-s / cpu-m's 256-token preset context, for
+speed). The paper scales train at their preset's context (60m: 512; 150m, 350m: 1024) with
+512 sequences per step (0.26M / 0.5M tokens), a GPT-2-small-like setting.
 """
 
 from __future__ import annotations
@@ -21,26 +22,26 @@ class ScaleRecipe:
     """Defaults for one scale.
 
     Attributes:
-        seq_len: tokens per training window.
+        seq_len: tokens per training window; None: the model preset's context length.
         global_batch: sequences per optimizer step (all workers, all micro-batches).
         micro_batch: largest per-worker micro-batch (sequences) before gradient accumulation
             kicks in; memory bound, so it is a ceiling, not a target.
         lr: peak learning rate of AdamW.
     """
 
-    seq_len: int
+    seq_len: int | None
     global_batch: int
     micro_batch: int
     lr: float
 
 
 RECIPES: dict[str, ScaleRecipe] = {
-    "cpu-xs": ScaleRecipe(seq_len=128, global_batch=16, micro_batch=16, lr=3e-3),
+    "cpu-xs": ScaleRecipe(seq_len=None, global_batch=16, micro_batch=16, lr=3e-3),
     "cpu-s": ScaleRecipe(seq_len=128, global_batch=16, micro_batch=16, lr=2e-3),
     "cpu-m": ScaleRecipe(seq_len=128, global_batch=16, micro_batch=16, lr=1.5e-3),
-    "60m": ScaleRecipe(seq_len=1024, global_batch=512, micro_batch=32, lr=6e-4),
-    "150m": ScaleRecipe(seq_len=1024, global_batch=512, micro_batch=16, lr=4e-4),
-    "350m": ScaleRecipe(seq_len=1024, global_batch=512, micro_batch=8, lr=3e-4),
+    "60m": ScaleRecipe(seq_len=None, global_batch=512, micro_batch=32, lr=6e-4),
+    "150m": ScaleRecipe(seq_len=None, global_batch=512, micro_batch=16, lr=4e-4),
+    "350m": ScaleRecipe(seq_len=None, global_batch=512, micro_batch=8, lr=3e-4),
 }
 
 WARMUP_FRACTION = 0.05
