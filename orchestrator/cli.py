@@ -368,13 +368,22 @@ def data_prepare(source: str = typer.Option("stdlib", help="stdlib | text | json
                  path: Optional[str] = typer.Option(None, help="File, folder, glob or URI of the source."),
                  out_dir: Optional[str] = typer.Option(None, "--out", help="Cache root for the prepared shards."),
                  vocab_size: Optional[int] = typer.Option(None, help="Tokenizer vocabulary size."),
+                 tokenizer_kind: Optional[str] = typer.Option(None, "--tokenizer", help="bpe | unigram."),
                  text_column: Optional[str] = typer.Option(None, help="Text column (jsonl / parquet)."),
+                 document_boundary: Optional[str] = typer.Option(None, help="file | blank_lines | row | wikitext_heading."),
+                 val_fraction: Optional[float] = typer.Option(None, help="Share of documents held out for validation."),
+                 max_documents: Optional[int] = typer.Option(None, help="Keep only the first N documents."),
+                 max_bytes: Optional[int] = typer.Option(None, help="Keep documents up to this many UTF-8 bytes."),
+                 preset: Optional[str] = typer.Option(None, help="MQAR preset: easy | medium | hard."),
+                 num_proc: Optional[int] = typer.Option(None, help="Tokenizer processes (default: all cores)."),
                  ) -> None:
     """Tokenize a corpus into Arrow shards with a manifest (no-op when already prepared)."""
     from data_pipeline.cli_support import prepare_from_args
 
-    opts = {k: v for k, v in {"vocab_size": vocab_size, "text_column": text_column}.items() if v is not None}
-    p = prepare_from_args(source, path, out_dir, **opts)
+    opts = {"vocab_size": vocab_size, "tokenizer_kind": tokenizer_kind, "text_column": text_column,
+            "document_boundary": document_boundary, "val_fraction": val_fraction, "max_documents": max_documents,
+            "max_bytes": max_bytes, "preset": preset, "num_proc": num_proc}
+    p = prepare_from_args(source, path, out_dir, **{k: v for k, v in opts.items() if v is not None})
     out.print(json.dumps({"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size,
                           "splits": p.manifest.get("splits")}, indent=2, default=str))
 
