@@ -28,6 +28,7 @@ from orchestrator.report.ratio import token_ratio
 from orchestrator.report.scaling import scaling_analysis
 
 DIAGNOSTICS = ("attn/effective_rank", "attn/entropy", "attn/spectral_gap")
+GENERATOR = "qkstudy"  # summary.json["generator"]: marks a folder build_report may replace
 RUN_KEY = ["variant", "scale", "seed", "extend"]
 
 
@@ -58,9 +59,11 @@ def build_report(
         first non-reference variant when the study has no `target`).
     The summary's "scales" list holds per scale: scale, n_params (non-embedding N), final_ppl
     {variant: seed mean}, token_ratio (value, bound if censored, or None), censored, ...
-    Raises ReportError when the experiment is missing, has no training runs, or has no run of
-    the reference variant.
+    Raises ReportError when the experiment is missing, has no training runs, has no run of
+    the reference variant, target names no variant of the study, or out_dir exists and is a
+    file or a non-empty folder that is not a previous qkstudy report (it is never touched).
     """
+    _check_out_dir(Path(out_dir))
     data = query_study(study, tracking_uri)
     corpora = sorted(str(c) for c in data.runs["corpus"].dropna().unique()) if "corpus" in data.runs else []
     if corpus is not None:
@@ -77,18 +80,21 @@ def build_report(
         for s_ in summary.get("scales", []):
             s_["corpus"] = corpus
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    client = run_id = None
-    if log_to_mlflow:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri)
-        name = f"report-{study}" + (f"-{corpus}" if corpus else "")
-        run = client.create_run(data.experiment_id, run_name=name, tags={KIND_TAG: "report", "study": study})
-        run_id = run.info.run_id
-        summary["mlflow_report_run"] = run_id
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:
+        raise ReportError(f"cannot write report folder {out}: {err}") from err
+    client = run_id = None
+    try:
+        if log_to_mlflow:
+            from mlflow import MlflowClient
+
+            client = MlflowClient(tracking_uri)
+            name = f"report-{study}" + (f"-{corpus}" if corpus else "")
+            run = client.create_run(data.experiment_id, run_name=name, tags={KIND_TAG: "report", "study": study})
+            run_id = run.info.run_id
+            summary["mlflow_report_run"] = run_id
         summary["figures"] = [p.name for p in figures_fn(tmp)]
         for name, df in tables.items():
             df.to_csv(tmp / f"{name}.csv", index=False)
@@ -97,10 +103,11 @@ def build_report(
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
         (tmp / "report.md").write_text(render.markdown(summary, tables))
         (tmp / "report.html").write_text(render.html(summary, tables, tmp))
+        _check_out_dir(out)  # again: something may have appeared while we worked
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        if client is not None:
+        if run_id is not None:
             client.set_terminated(run_id, status="FAILED")
         raise
     if client is not None:
@@ -118,9 +125,13 @@ def _only_corpus(data: StudyData, corpus: str) -> StudyData:
 
 def _build_per_corpus(study: str, tracking_uri: str, out_dir: str | os.PathLike, corpora: list[str], **kw) -> dict:
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ReportError(f"cannot write report folder {out}: {err}") from err
+    os.chmod(out, 0o755)
     parts = {c: build_report(study, tracking_uri, out / c, corpus=c, **kw) for c in corpora}
-    summary = {"study": study, "corpora": corpora,
+    summary = {"generator": GENERATOR, "study": study, "corpora": corpora,
                "scales": [s_ for c in corpora for s_ in parts[c]["scales"]],
                "reports": {c: f"{c}/report.md" for c in corpora}}
     lines = [f"# qkstudy report: {study}", "", "One report per corpus (scales are not pooled across corpora):", ""]
@@ -134,6 +145,7 @@ def _build_per_corpus(study: str, tracking_uri: str, out_dir: str | os.PathLike,
     for name, text in (("report.md", "\n".join(lines + rows) + "\n"), ("summary.json", json.dumps(_jsonable(summary), indent=2))):
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, out / name)
     return summary
 
@@ -145,8 +157,39 @@ def _variants(summary: dict) -> list[str]:
     return seen
 
 
+def is_report_dir(path: Path) -> bool:
+    """True when path holds a report qkstudy wrote (summary.json with "generator": "qkstudy")."""
+    try:
+        return json.loads((path / "summary.json").read_text()).get("generator") == GENERATOR
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_out_dir(out: Path) -> None:
+    """ReportError unless out is absent, an empty folder or a previous qkstudy report.
+
+    The report replaces out whole, so anything else there would be lost.
+    """
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ReportError(f"report output {out} exists and is not a folder; refusing to replace it")
+    if out.is_dir() and any(out.iterdir()) and not is_report_dir(out):
+        raise ReportError(
+            f"report output {out} is a non-empty folder that is not a qkstudy report (no summary.json with "
+            f'"generator": "{GENERATOR}"); refusing to replace it: pick another folder or remove it yourself'
+        )
+
+
 def _swap_in(tmp: Path, out: Path) -> None:
-    """Replace out with tmp: rename the old folder aside first (rename cannot replace a full dir)."""
+    """Replace out with tmp: rename the old folder aside first (rename cannot replace a full dir).
+
+    Modes are set explicitly (folders 0755, files 0644): mkdtemp makes 0700 and the
+    umask is the caller's, but a report is meant to be read by others.
+    """
+    for root, dirs, files in os.walk(tmp):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o755)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o644)
     os.chmod(tmp, 0o755)
     old = None
     if out.exists():
@@ -236,6 +279,7 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
         "issues": status["table"],
     }
     summary = {
+        "generator": GENERATOR,
         "study": data.study,
         "tracking_uri": data.tracking_uri,
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -1,0 +1,190 @@
+"""Defects a new user hit: output safety, export checks, empty studies, report text, plots."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+
+import pytest
+
+from orchestrator.report import ReportError, build_report, export_study
+from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
+
+from .conftest import MAIN, ONE_SEED
+
+# One variant only, and its single run failed half-way: no finished run anywhere.
+ONLY_FAILED = SyntheticStudy(
+    study="only-failed", variants={"standard": 1.0}, scales={"xs": 2e6}, seeds=(0,), extend=(), n_eval=6,
+    failed=(("standard", "xs", 0, 1.0),),
+)
+# One variant, finished: no non-reference variant to compare.
+SINGLE_VARIANT = SyntheticStudy(study="single-variant", variants={"standard": 1.0}, scales={"xs": 2e6}, seeds=(0,), extend=(), n_eval=6)
+
+
+@pytest.fixture(scope="module")
+def extra_store(store):
+    """The session store plus the studies above and an experiment with no runs at all."""
+    from mlflow import MlflowClient
+
+    for spec in (ONLY_FAILED, SINGLE_VARIANT):
+        write_synthetic_study(spec, store)
+    MlflowClient(store).create_experiment("no-runs")
+    return store
+
+
+def _mode(p):
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+# --- 1. never destroy what is not a previous report ------------------------------------------
+
+
+def test_out_dir_that_is_a_file_is_refused_untouched(store, tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("precious")
+    with pytest.raises(ReportError, match=re.escape(str(f))):
+        build_report(ONE_SEED.study, store, f, log_to_mlflow=False, n_boot=10)
+    assert f.read_text() == "precious"
+
+
+def test_foreign_non_empty_folder_is_refused_untouched(store, tmp_path):
+    d = tmp_path / "home"
+    d.mkdir()
+    (d / "thesis.tex").write_text("precious")
+    with pytest.raises(ReportError, match=re.escape(str(d))):
+        build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)
+    assert (d / "thesis.tex").read_text() == "precious"
+    assert [p.name for p in tmp_path.iterdir()] == ["home"]  # no temp folder left behind
+
+
+def test_foreign_summary_json_is_not_taken_for_a_report(store, tmp_path):
+    d = tmp_path / "other"
+    d.mkdir()
+    (d / "summary.json").write_text(json.dumps({"generator": "something-else"}))
+    with pytest.raises(ReportError, match="not a qkstudy report"):
+        build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)
+    assert (d / "summary.json").exists()
+
+
+def test_previous_report_and_empty_folder_are_replaced(store, tmp_path):
+    d = tmp_path / "r"
+    d.mkdir()  # empty: fine
+    build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)
+    assert json.loads((d / "summary.json").read_text())["generator"] == "qkstudy"
+    build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)  # a report: fine
+    assert (d / "report.md").exists()
+
+
+def test_per_corpus_index_refuses_foreign_folder(store, tmp_path):
+    d = tmp_path / "corpora"
+    d.mkdir()
+    (d / "keep.txt").write_text("precious")
+    with pytest.raises(ReportError, match=re.escape(str(d))):
+        build_report("two-corpora", store, d, log_to_mlflow=False, n_boot=10)
+    assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
+
+
+def test_report_files_are_world_readable(store, tmp_path):
+    d = tmp_path / "r"
+    build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)
+    assert _mode(d) == 0o755
+    assert {_mode(p) for p in d.iterdir()} == {0o644}
+
+
+# --- 2. export_study -------------------------------------------------------------------------
+
+
+def test_export_refuses_wrong_suffix(store, tmp_path):
+    with pytest.raises(ReportError, match=r"\.parquet"):
+        export_study(ONE_SEED.study, store, tmp_path / "study.csv")
+    assert not (tmp_path / "study.csv").exists()
+
+
+def test_export_write_errors_become_report_error(store, tmp_path):
+    with pytest.raises(ReportError, match="/proc/x.parquet"):
+        export_study(ONE_SEED.study, store, "/proc/x.parquet")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ReportError, match=re.escape(str(blocker / "sub"))):
+        export_study(ONE_SEED.study, store, blocker / "sub" / "s.parquet")
+
+
+def test_export_file_is_world_readable(store, tmp_path):
+    out = export_study(ONE_SEED.study, store, tmp_path / "s.parquet")
+    assert _mode(out) == 0o644
+
+
+# --- 3. studies without finished runs --------------------------------------------------------
+
+
+def test_only_failed_run_gives_report_saying_nothing_to_compare(extra_store, tmp_path):
+    summary = build_report(ONLY_FAILED.study, extra_store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
+    assert [r["run_name"] for r in summary["runs"]["failed"]] == ["standard-xs-s0-x1"]
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "standard-xs-s0-x1" in md and "no finished run to compare" in md
+
+
+def test_experiment_without_runs_raises_report_error(extra_store, tmp_path):
+    with pytest.raises(ReportError, match="study 'no-runs' has no training runs"):
+        build_report("no-runs", extra_store, tmp_path / "r", log_to_mlflow=False)
+    assert not (tmp_path / "r").exists()
+
+
+# --- 4. unknown target ------------------------------------------------------------------------
+
+
+def test_unknown_target_lists_variants(store, tmp_path):
+    with pytest.raises(ReportError, match=r"target variant 'nosuch'.*coupled"):
+        build_report(ONE_SEED.study, store, tmp_path / "r", target="nosuch", log_to_mlflow=False)
+
+
+# --- 5. report text ---------------------------------------------------------------------------
+
+
+def test_report_text_cites_readme_and_formats_numbers(main_report):
+    _, out = main_report
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    for text in (md, html):
+        assert "DESIGN.md" not in text
+    assert "Conventions the numbers depend on" in md
+    # N and tokens as exact integers with thousands separators (xs: N = 2e6, 20 tokens/param).
+    assert "| 2,000,000 |" in md and "| 40,000,000 |" in md
+    assert not re.search(r"\| \d\.\d+e\+\d\d \|", md)
+    # The censored bound shown in the table is described by the text.
+    assert "`<1.00x`" not in md and "reference's x1 tokens" in md
+
+
+def test_single_variant_text_says_no_ratio(extra_store, tmp_path):
+    summary = build_report(SINGLE_VARIANT.study, extra_store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "None`" not in md
+    assert "no non-reference variant: no token ratio" in md
+    assert summary["target"] is None
+
+
+def test_scaling_text_without_fit_does_not_contradict_itself(store, tmp_path):
+    build_report(ONE_SEED.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "falls below 1% at N" not in md and "not below 1% up to" not in md
+    assert "needs >= 3 scales" in md
+
+
+def test_scaling_title_mentions_fits_only_when_drawn(store, tmp_path):
+    from orchestrator.report import plots
+
+    build_report(ONE_SEED.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
+    assert all("fit" not in t for t in plots.LAST_SCALING_TITLES)
+
+
+# --- 6. plots: no overlapping labels -------------------------------------------------------------
+
+
+def test_plot_labels_never_overlap(main_report):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from orchestrator.report import plots
+
+    assert plots.LAST_OVERLAPS == {}, plots.LAST_OVERLAPS
