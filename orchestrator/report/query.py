@@ -89,18 +89,26 @@ def load_study(study: str, tracking_uri: str) -> pd.DataFrame:
 def export_study(study: str, tracking_uri: str, out_file: str | os.PathLike) -> Path:
     """Write load_study's table to a Parquet file atomically (temp file, then rename).
 
-    Returns the written path. Raises ReportError like load_study.
+    Returns the written path (mode 0644). Raises ReportError like load_study, when out_file
+    does not end in .parquet, or when it cannot be written (the OS error and path named).
     """
     out = Path(out_file)
+    if out.suffix.lower() != ".parquet":
+        raise ReportError(f"export file {out} must end in .parquet (the export is a Parquet table)")
     table = load_study(study, tracking_uri)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
+    tmp = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
         table.to_parquet(tmp, index=False)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; an export is meant to be shared
         os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise ReportError(f"cannot write export file {out}: {err}") from err
         raise
     return out
 
