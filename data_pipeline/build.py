@@ -232,6 +232,7 @@ def prepare(corpus: CorpusConfig, tokenizer: TokenizerConfig, cache_root=None, *
     if not remote:
         os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{h}-", dir=None if remote else os.path.dirname(dest))
+    os.chmod(tmp, 0o755)  # mkdtemp makes 0700; shards on shared storage are read by other users/containers
     try:
         t0 = time.perf_counter()
         if corpus.source == "mqar":

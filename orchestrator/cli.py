@@ -17,11 +17,15 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 # MLflow announces every new SQLite store at INFO; the CLI prints what matters itself.
 logging.getLogger("mlflow").setLevel(logging.WARNING)
 logging.getLogger("alembic").setLevel(logging.WARNING)
+# An unreachable tracking server fails in seconds, not after minutes of silent retries.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Compute-matched scaling studies of attention variants.")
 data_app = typer.Typer(no_args_is_help=True, help="Prepare corpora into token shards.")
@@ -53,15 +57,22 @@ def _input_errors(fn):
         from .planner import PlanError
         from .spec import SpecError
 
+        from .runner import CorpusError
+        from .security import InsecureAddressError
+        from .status import StudyNotFound
+
         try:
             return fn(*args, **kwargs)
         except SpecError as e:
             for line in str(e).splitlines():
-                err.print(f"[red]error[/]: {line}", highlight=False, markup=True, soft_wrap=True)
+                err.print(f"[red]error[/]: {escape(line)}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_INPUT)
-        except (PlanError, DataError, _report_error()) as e:
-            err.print(f"[red]error[/]: {e}", highlight=False, soft_wrap=True)
+        except (PlanError, DataError, CorpusError, InsecureAddressError, StudyNotFound, _report_error()) as e:
+            err.print(f"[red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_INPUT)
+        except ConnectionError as e:  # a cluster or tracking server that does not answer
+            err.print(f"[red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
 
     return wrapper
 
@@ -95,8 +106,13 @@ def _study_uri(study: str, tracking_uri: Optional[str]) -> tuple[str, str]:
 @_input_errors
 def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> None:
     """Validate a spec; print every error with its file and field path (exit code 2)."""
+    from .planner import plan
+
     s = _load(spec)
-    out.print(f"{spec}: ok ({s.name}: {len(s.scales)} scales x {len(s.variants)} variants x {len(s.seeds)} seeds)")
+    runs = plan(s)  # a spec that cannot be planned is not valid either
+    n = lambda k, word: f"{k} {word}{'' if k == 1 else 's'}"  # noqa: E731
+    out.print(f"{spec}: ok ({s.name}: {n(len(s.scales), 'scale')} x {n(len(s.variants), 'variant')} x "
+              f"{n(len(s.seeds), 'seed')}, {n(len(runs), 'run')})")
 
 
 @app.command()
@@ -120,6 +136,10 @@ def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
     if write_runs:
         import yaml
 
+        from .spec import SpecError
+
+        if write_runs.exists() and not write_runs.is_dir():
+            raise SpecError(write_runs, [("", "--write-runs needs a folder, and this is a file")])
         write_runs.mkdir(parents=True, exist_ok=True)
         for r in runs:
             tmp = write_runs / f".{r.run_id}.yaml.tmp"
@@ -197,9 +217,15 @@ def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
     from .runner import run_study
     from .spec import check_local_corpus_paths
 
+    from .runner import CorpusError
+    from .spec import SpecError
+
     s = _load(spec)
     check_local_corpus_paths(s, spec)
-    res = run_study(s, address=address, console=err, verbose=verbose)
+    try:
+        res = run_study(s, address=address, console=err, verbose=verbose)
+    except CorpusError as e:
+        raise SpecError(spec, [(f"corpora.{e.corpus_name}" if s.corpora else "corpus", str(e))]) from None
     counts = {}
     for st in res.status.values():
         counts[st] = counts.get(st, 0) + 1
@@ -217,19 +243,25 @@ def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written 
           address: Optional[str] = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
           verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
     """Train one run, for debugging, on the same code path as `qkstudy run`."""
+    import yaml
+    from pydantic import ValidationError
+
     from .planner import RunSpec
     from .runner import run_runs
     from .spec import SpecError
 
-    import yaml
-    from pydantic import ValidationError
+    data = None
 
     if not run_file.is_file():
         raise SpecError(run_file, [("", "no such file")])
     try:
-        run_spec = RunSpec.model_validate(yaml.safe_load(run_file.read_text()))
+        data = yaml.safe_load(run_file.read_text())
+        run_spec = RunSpec.model_validate(data)
     except (yaml.YAMLError, ValidationError) as e:
-        raise SpecError(run_file, [("", f"not a run spec: {e}")]) from None
+        if isinstance(data, dict) and {"scales", "variants"} <= set(data):
+            raise SpecError(run_file, [("", "this is a study spec, not a run: use `qkstudy run SPEC`, or write "
+                                            "its runs with `qkstudy plan SPEC --write-runs DIR` and train one")]) from None
+        raise SpecError(run_file, [("", f"not a run spec written by `qkstudy plan --write-runs`: {e}")]) from None
     work = (Path("runs") / run_spec.study).resolve()
     uri = tracking_uri or f"sqlite:///{work / 'mlflow.db'}"
     res = run_runs([run_spec], run_spec.study, uri, storage_path or str(work / "ray"), address=address,
@@ -268,10 +300,10 @@ def report(study: str = typer.Argument(..., help="Study name or spec path."),
     if as_json:
         print(json.dumps(summary["scales"], indent=2))
     else:
-        err.print(f"report written to {Path(target).resolve()}")
         md = Path(target) / "report.md"
         if md.exists():
-            out.print(md.read_text())
+            print(md.read_text())
+        err.print(f"report written to {Path(target).resolve()}")  # last, so it stays on screen
 
 
 @app.command()
@@ -346,6 +378,7 @@ def status(study: str = typer.Argument(..., help="Study name or spec path."),
 
 
 @app.command()
+@_input_errors
 def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy submit`."),
          address: str = typer.Option(..., help="Ray dashboard URL."),
          follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep printing until the job ends."),
@@ -353,13 +386,9 @@ def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy 
     """Print (and follow) a submitted job's logs."""
     from .submit import follow_logs
 
-    try:
-        for chunk in follow_logs(address, job_id, follow=follow, allow_insecure=allow_insecure):
-            sys.stdout.write(chunk)
-            sys.stdout.flush()
-    except ValueError as e:
-        err.print(f"[red]error[/]: {e}")
-        raise typer.Exit(EXIT_INPUT)
+    for chunk in follow_logs(address, job_id, follow=follow, allow_insecure=allow_insecure):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
 
 
 @data_app.command("prepare")
@@ -391,8 +420,8 @@ def data_prepare(source: str = typer.Option("stdlib", help="stdlib | text | json
 @model_app.command("info")
 def model_info_cmd(preset: str = typer.Option(..., help="Scale preset, e.g. cpu-s or 60m."),
                    variant: str = typer.Option("standard", help="Model variant."),
-                   seq_len: Optional[int] = typer.Option(None, help="Sequence length (default: the preset's)."),
-                   vocab_size: Optional[int] = typer.Option(None, help="Vocabulary size (default: the preset's)."),
+                   seq_len: Optional[int] = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
+                   vocab_size: Optional[int] = typer.Option(None, min=1, help="Vocabulary size (default: the preset's)."),
                    as_json: bool = typer.Option(False, "--json")) -> None:
     """Parameter counts and FLOPs per token: analytic, and measured with FlopCounterMode."""
     from model.info import model_info

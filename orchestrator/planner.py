@@ -178,6 +178,9 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any]) -> list
     vocab = _mqar_params(corpus)["vocab_size"] if mqar else study.tokenizer.vocab_size
     for scale in study.scales:
         base = resolve_train(study, scale)
+        if base.global_batch % study.resources.workers:
+            raise PlanError(f"train.global_batch {base.global_batch} (at scale {scale}) is not divisible by "
+                            f"resources.workers {study.resources.workers}: every worker takes an equal share")
         if mqar and base.seq_len != _mqar_params(corpus)["seq_len"]:
             raise PlanError(f"train.seq_len {base.seq_len} must equal the MQAR corpus's seq_len "
                             f"{_mqar_params(corpus)['seq_len']} (each example is one window)")

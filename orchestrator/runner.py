@@ -88,7 +88,35 @@ def _prepare_task(corpus: dict, tokenizer: dict, cache_root: str | None) -> dict
     from data_pipeline import CorpusConfig, TokenizerConfig, prepare
 
     p = prepare(CorpusConfig.model_validate(corpus), TokenizerConfig.model_validate(tokenizer), cache_root, progress=False)
-    return {"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size}
+    tokens = {split: info["tokens"] for split, info in p.manifest.get("splits", {}).items()}
+    return {"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size, "tokens": tokens}
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot feed the study's runs; ``corpus_name`` says which."""
+
+    def __init__(self, corpus_name: str, message: str):
+        self.corpus_name = corpus_name
+        super().__init__(f"corpus {corpus_name!r}: {message}")
+
+
+def check_data_fits(runs: list[RunSpec], datasets: dict[str, dict[str, Any]]) -> None:
+    """Every run's corpus holds at least one training window and one validation window, and
+    its token ids fit the model's vocabulary.
+
+    Raises:
+        CorpusError: naming the corpus, the split and the setting (train.seq_len, vocab).
+    """
+    for r in runs:
+        d = datasets[r.corpus_name]
+        need = r.train.seq_len + 1
+        for split, n in d.get("tokens", {}).items():
+            if n < need:
+                raise CorpusError(r.corpus_name, f"the {split} split has {n} tokens, fewer than one window of "
+                                                 f"train.seq_len + 1 = {need} tokens (add documents or lower train.seq_len)")
+        if d["vocab_size"] > r.model["vocab_size"]:
+            raise CorpusError(r.corpus_name, f"token ids go up to {d['vocab_size'] - 1}, beyond the model's vocabulary "
+                                             f"of {r.model['vocab_size']} (tokenizer.vocab_size)")
 
 
 def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
@@ -96,7 +124,7 @@ def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
     once; returns corpus name -> {path, content_hash, vocab_size}.
 
     Raises:
-        DataError: a corpus cannot be prepared (the task's error, re-raised here).
+        CorpusError: a corpus cannot be prepared (the task's DataError, re-raised here).
     """
     from data_pipeline import DataError
 
@@ -108,9 +136,8 @@ def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
         try:
             out[name] = ray.get(ref)
         except ray.exceptions.RayTaskError as e:
-            cause = e.as_instanceof_cause()
-            if isinstance(cause, DataError):
-                raise DataError(f"corpus {name!r}: {cause}") from None
+            if isinstance(e.cause, DataError):  # the original error, without Ray's traceback
+                raise CorpusError(name, str(e.cause)) from None
             raise
     return out
 
@@ -179,12 +206,6 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
     console = console or Console(stderr=True)
     t0 = time.time()
     result = StudyResult()
-    if tracking_uri.startswith("sqlite:///"):
-        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    client = client_for(tracking_uri)
-    exp_id = ensure_experiment(client, study_name)
-    existing = find_train_runs(client, exp_id)
-
     init_ray(address, verbose)
     nodes = _alive_nodes()
     console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {redact_uri(tracking_uri)}")
@@ -192,6 +213,13 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
         datasets = prepare_data(runs)
     for name, d in datasets.items():
         console.print(f"data {name}: {d['path']} (content {d['content_hash'][:12]})")
+    check_data_fits(runs, datasets)  # before MLflow is touched: a bad corpus leaves no record
+
+    if tracking_uri.startswith("sqlite:///"):
+        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    client = client_for(tracking_uri)
+    exp_id = ensure_experiment(client, study_name)
+    existing = find_train_runs(client, exp_id)
 
     todo: list[tuple[RunSpec, str]] = []
     for run in runs:

@@ -327,6 +327,52 @@ def _loc(loc: tuple) -> str:
     return out
 
 
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as ``CorpusConfig | None`` or ``dict[str, X]``."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _allowed_fields(loc: tuple) -> list[str]:
+    """Field names of the model that holds ``loc`` (dict keys and list indices skipped)."""
+    cls: type[BaseModel] | None = Study
+    for part in loc[:-1]:
+        if cls is None or isinstance(part, int) or part not in cls.model_fields:
+            continue
+        cls = _first_model(cls.model_fields[part].annotation)
+    return sorted(cls.model_fields) if cls is not None else []
+
+
+def _unknown_field_message(loc: tuple) -> str:
+    import difflib
+
+    allowed = _allowed_fields(loc)
+    close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown field ({hint}allowed: {', '.join(allowed)})" if allowed else "unknown field"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML loader that refuses a key given twice in one mapping (YAML says keys are unique;
+    PyYAML would silently keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_spec(data: Any, path: str | Path = "<spec>") -> Study:
     """Validate an already-loaded mapping as a Study; raises SpecError with every problem."""
     if not isinstance(data, dict):
@@ -339,7 +385,7 @@ def parse_spec(data: Any, path: str | Path = "<spec>") -> Study:
         for err in e.errors():
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                msg = "unknown field"
+                msg = _unknown_field_message(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
             elif err["type"] == "literal_error":
                 msg = f"{msg} (got {err.get('input')!r})"
             problems.append((_loc(err["loc"]), msg))
@@ -361,7 +407,7 @@ def load_spec(path: str | Path) -> Study:
     if not p.is_file():
         raise SpecError(p, [("", "no such file" if not p.exists() else "not a regular file")])
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

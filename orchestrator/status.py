@@ -4,18 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from pathlib import Path
+
 from .tracking import client_for, find_train_runs
+
+
+class StudyNotFound(ValueError):
+    """No record of the study in the tracking store (and no spec to list its plan)."""
 
 
 def study_status(study: str, tracking_uri: str, spec: Any | None = None) -> list[dict[str, Any]]:
     """Rows {run_name, run_id, status, tokens, planned_tokens, val_ppl, note} for a study.
 
     With the study's spec, planned runs that MLflow does not hold yet appear as ``planned``.
-    A study with no experiment yet has only planned rows (or none without a spec).
+    Reading never creates a store: a missing SQLite file is read as empty.
+
+    Raises:
+        StudyNotFound: the store or the experiment does not exist and no spec was given.
     """
-    client = client_for(tracking_uri)
-    exp = client.get_experiment_by_name(study)
-    runs = find_train_runs(client, exp.experiment_id) if exp is not None else {}
+    runs: dict[str, Any] = {}
+    db = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
+    if db is not None and not db.is_file():
+        if spec is None:
+            raise StudyNotFound(f"study {study!r}: no MLflow store at {db} (has it run? else pass --tracking-uri)")
+    else:
+        client = client_for(tracking_uri)
+        exp = client.get_experiment_by_name(study)
+        if exp is None and spec is None:
+            raise StudyNotFound(f"study {study!r}: no such experiment in the MLflow store")
+        runs = find_train_runs(client, exp.experiment_id) if exp is not None else {}
     rows = []
     for run_id, r in runs.items():
         m, t, p = r.data.metrics, r.data.tags, r.data.params

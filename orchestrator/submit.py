@@ -15,6 +15,7 @@ folder on one node is not visible from the others.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from .spec import Study, load_spec
 EXCLUDES = [".venv/", "runs/", ".git/", "**/__pycache__/", "*.egg-info/", ".pytest_cache/", "reports/", "mlruns/"]
 # Forwarded to the job when set here: where shards are cached and how Ray logs (no secrets).
 FORWARDED_ENV = ("QKSTUDY_CACHE",)
+AGENT_WAIT_S = 120
 
 
 def build_job(spec_path: str | Path, address: str, *, image: str | None = None, allow_insecure: bool = False,
@@ -71,7 +73,15 @@ def submit(spec_path: str | Path, address: str, *, image: str | None = None, all
 
     job = build_job(spec_path, address, image=image, allow_insecure=allow_insecure, working_dir=working_dir)
     client = JobSubmissionClient(job["address"])
-    return client.submit_job(entrypoint=job["entrypoint"], runtime_env=job["runtime_env"], metadata=job["metadata"])
+    # A cluster that just came up answers "No available agent" until its job agent is ready.
+    deadline = time.time() + AGENT_WAIT_S
+    while True:
+        try:
+            return client.submit_job(entrypoint=job["entrypoint"], runtime_env=job["runtime_env"], metadata=job["metadata"])
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.time() > deadline:
+                raise
+            time.sleep(2)
 
 
 def job_status(address: str, job_id: str, *, allow_insecure: bool = False) -> str:

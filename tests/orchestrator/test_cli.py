@@ -35,3 +35,25 @@ def test_plan_json_fields(tmp_path):
     assert set(rows[0]) >= {"run_id", "variant", "scale", "seed", "extend", "n_params", "n_params_total",
                             "flops_per_token", "tokens", "total_flops"}
     assert rows[1]["tokens"] == 2 * rows[0]["tokens"]
+
+
+def test_status_of_unknown_study_exits_2_and_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["status", "no-such-study"])
+    assert res.exit_code == 2 and "no MLflow store" in res.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_train_given_a_study_spec_points_to_plan_write_runs(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {tokens: 40960}\n")
+    res = CliRunner().invoke(app, ["train", str(spec)])
+    assert res.exit_code == 2 and "this is a study spec, not a run" in res.output.replace("\n", "")
+
+
+def test_write_runs_refuses_a_file(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {tokens: 40960}\n")
+    (tmp_path / "f").write_text("x")
+    res = CliRunner().invoke(app, ["plan", str(spec), "--write-runs", str(tmp_path / "f")])
+    assert res.exit_code == 2 and "needs a folder" in res.output and (tmp_path / "f").read_text() == "x"

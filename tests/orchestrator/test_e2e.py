@@ -108,3 +108,27 @@ def test_report_reads_mlflow_and_is_reproducible(study):
     shutil.rmtree(out)
     again = json.loads(_qk("report", "e2e.yaml", "--out", str(out), "--json", cwd=d, env=env).stdout)
     assert again == first
+
+
+@pytest.mark.parametrize("case,corpus,expect", [
+    ("too_small", {"source": "text", "paths": ["docs"], "val_fraction": 0.5},
+     "corpus: corpus 'text': the val split has"),
+    ("empty", {"source": "text", "paths": ["empty"]}, "corpus: corpus 'text':"),
+])
+def test_bad_corpus_exits_2_before_mlflow(case, corpus, expect, tmp_path):
+    import yaml
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "empty").mkdir()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()[:3000]
+    for i in range(4):  # ~1,000 tokens each: fewer than one 4,097-token window per split
+        (tmp_path / "docs" / f"d{i}.txt").write_text(f"{i}\n{text}")
+    spec = {"name": case, "corpus": corpus, "tokenizer": {"vocab_size": 400}, "scales": ["cpu-xs"],
+            "variants": ["standard"], "budget": {"tokens": 8 * 4096}, "train": {"global_batch": 8, "seq_len": 4096}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    res = _qk("run", "s.yaml", cwd=tmp_path, env=env)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "s.yaml: " + expect in res.stderr.replace("\n", " "), res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "\x1b[" not in res.stderr
+    assert not (tmp_path / "runs" / case / "mlflow.db").exists()

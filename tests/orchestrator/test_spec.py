@@ -100,3 +100,25 @@ def test_every_job_validates_and_plans(job):
 
     runs = plan(load_spec(job))
     assert runs and len({r.run_id for r in runs}) == len(runs)
+
+
+def test_duplicate_yaml_key_is_an_error(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: a\nname: b\n" + GOOD.split("\n", 1)[1])
+    with pytest.raises(SpecError, match="line 2, column 1: duplicate key 'name'"):
+        load_spec(spec)
+
+
+def test_unknown_field_suggests_the_close_one(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(GOOD + "corpus: {source: text, path: docs}\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(spec)
+    assert "corpus.path: unknown field (did you mean 'paths'? allowed: " in str(e.value)
+
+
+def test_indivisible_global_batch_fails_validation(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(GOOD + "train: {global_batch: 7}\nresources: {workers: 2}\n")
+    res = CliRunner().invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2 and "train.global_batch 7 (at scale cpu-xs) is not divisible by resources.workers 2" in res.output
