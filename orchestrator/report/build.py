@@ -28,6 +28,7 @@ from orchestrator.report.ratio import token_ratio
 from orchestrator.report.scaling import scaling_analysis
 
 DIAGNOSTICS = ("attn/effective_rank", "attn/entropy", "attn/spectral_gap")
+DEFAULT_TARGET = "coupled"  # build_report's default target; only it falls back when absent
 GENERATOR = "qkstudy"  # summary.json["generator"]: marks a folder build_report may replace
 RUN_KEY = ["variant", "scale", "seed", "extend"]
 
@@ -38,7 +39,7 @@ def build_report(
     out_dir: str | os.PathLike,
     *,
     reference: str = "standard",
-    target: str = "coupled",
+    target: str = DEFAULT_TARGET,
     log_to_mlflow: bool = True,
     expected: Iterable[dict] | None = None,
     n_boot: int = 1000,
@@ -55,8 +56,9 @@ def build_report(
     expected: optional planned runs (dicts with variant, scale, seed, extend) to list missing
         runs against; by default the grid is inferred from the runs present (every variant x
         scale x seed at x1, the reference's extend levels at every scale and seed).
-    target: the variant whose ratio is the per-scale headline `token_ratio` (falls back to the
-        first non-reference variant when the study has no `target`).
+    target: the variant whose ratio is the per-scale headline `token_ratio`. The default
+        ("coupled") falls back to the first non-reference variant when the study has none; any
+        other name must be a non-reference variant of the study (else ReportError).
     The summary's "scales" list holds per scale: scale, n_params (non-embedding N), final_ppl
     {variant: seed mean}, token_ratio (value, bound if censored, or None), censored, ...
     Raises ReportError when the experiment is missing, has no training runs, has no run of
@@ -214,6 +216,10 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
     scales = list(finals.groupby("scale")["n_params"].median().sort_values(kind="stable").index)
     others = sorted(v for v in runs["variant"].dropna().unique() if v != reference)
     variants = [reference, *others]
+    if target not in others and target != DEFAULT_TARGET:  # the default falls back; a named one must exist
+        raise ReportError(
+            f"study {data.study!r}: target variant {target!r} has no runs or is the reference; non-reference variants: {others}"
+        )
     target = target if target in others else (others[0] if others else None)
     cmap = plots.colors(variants)
 

@@ -72,8 +72,12 @@ def query_study(study: str, tracking_uri: str, *, with_metrics: bool = True) -> 
     else:
         data = _query_client(study, tracking_uri, with_metrics)
     if data.runs.empty:
-        raise ReportError(f"study {study!r}: experiment exists in {tracking_uri} but has no training runs")
+        raise _no_runs(study, tracking_uri)
     return data
+
+
+def _no_runs(study: str, tracking_uri: str) -> ReportError:
+    return ReportError(f"study {study!r} has no training runs (its experiment exists in {tracking_uri})")
 
 
 def load_study(study: str, tracking_uri: str) -> pd.DataFrame:
@@ -188,6 +192,8 @@ def _query_sql(study: str, tracking_uri: str, with_metrics: bool) -> StudyData:
         raise
     if eid is None:
         raise ReportError(f"study {study!r}: no MLflow experiment of that name in {tracking_uri}")
+    if t["runs"].empty:  # empty result columns come back untyped (int64), which shaping cannot use
+        raise _no_runs(study, tracking_uri)
     run_table = _run_table(t["runs"], t["tags"], t["params"])
     metrics = t.get("metrics")
     if metrics is None:
@@ -349,5 +355,6 @@ def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame) -> 
 
 def _clean_metrics(metrics: pd.DataFrame, run_table: pd.DataFrame) -> pd.DataFrame:
     metrics = metrics[metrics["run_uuid"].isin(run_table["run_uuid"])]
-    metrics = metrics.astype({"step": "int64", "value": "float64", "timestamp": "int64"})
+    # An empty SQL result types run_uuid/key as int64; they are strings (merges need equal types).
+    metrics = metrics.astype({"run_uuid": object, "key": object, "step": "int64", "value": "float64", "timestamp": "int64"})
     return metrics.sort_values(["run_uuid", "key", "step", "timestamp"], kind="stable").reset_index(drop=True)

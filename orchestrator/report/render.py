@@ -18,7 +18,7 @@ from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RAT
 
 CAPTIONS = {
     "ppl_vs_tokens.png": "Validation perplexity vs tokens seen, one panel per scale (seed mean, band = +-1 std; x = final points of the reference's extend runs).",
-    "ppl_vs_flops.png": "Validation perplexity vs training FLOPs (3 x forward, DESIGN.md), one panel per scale.",
+    "ppl_vs_flops.png": "Validation perplexity vs training FLOPs (3 x forward; README, \"Conventions the numbers depend on\"), one panel per scale.",
     "ppl_vs_wallclock.png": "Validation perplexity vs wall-clock seconds, one panel per scale.",
     "token_ratio.png": "Token ratio per scale with 95% bootstrap interval over seeds; triangles are censored bounds.",
     "scaling.png": "Final perplexity vs N (non-embedding) and vs FLOPs with fitted L = E + A x^-alpha; the paper's points on their own panel.",
@@ -41,6 +41,11 @@ def _fmt(x, spec=".2f", none="—"):
     return format(x, spec)
 
 
+def _int(x):
+    """An exact count with thousands separators (N, tokens): 204800 -> 204,800."""
+    return _fmt(x if x is None or pd.isna(x) else int(round(float(x))), ",")
+
+
 def _pct(x):
     return _fmt(x, "+.2f") + ("%" if x is not None and not pd.isna(x) else "")
 
@@ -49,22 +54,22 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
     """The report's content in reading order."""
     runs = summary["runs"]
     ref, tgt = summary["reference"], summary["target"]
-    out = [
-        Section(
-            f"qkstudy report: {summary['study']}",
-            [
-                f"Tracking URI `{summary['tracking_uri']}`, generated {summary['generated_at']}. Reference variant "
-                f"`{ref}`, headline target `{tgt}`. Runs: {runs['total']} in MLflow, {runs['finished']} finished with a final "
-                f"perplexity, {len(runs['failed'])} failed, {len(runs['incomplete'])} incomplete, {len(runs['missing'])} missing."
-            ],
-        )
+    head = f"headline target `{tgt}`" if tgt else "no non-reference variant: no token ratio"
+    intro = [
+        f"Tracking URI `{summary['tracking_uri']}`, generated {summary['generated_at']}. Reference variant "
+        f"`{ref}`, {head}. Runs: {runs['total']} in MLflow, {runs['finished']} finished with a final "
+        f"perplexity, {len(runs['failed'])} failed, {len(runs['incomplete'])} incomplete, {len(runs['missing'])} missing."
     ]
+    if not runs["finished"]:
+        intro.append("There is no finished run to compare: every run failed or is incomplete (listed at the end).")
+    out = [Section(f"qkstudy report: {summary['study']}", intro)]
     ft = tables["final_ppl"]
     out.append(
         Section(
             "Final validation perplexity (planned runs, mean over seeds)",
             [
-                "N counts non-embedding parameters. `vs reference` is the change of the seed-mean perplexity against "
+                "N counts non-embedding parameters and tokens are the planned training tokens (README, \"Conventions the numbers "
+                "depend on\"). `vs reference` is the change of the seed-mean perplexity against "
                 f"`{ref}` at the same scale. Paper numbers (arXiv 2604.01683, WikiText-103) appear where the scale name "
                 "matches one of the paper's sizes; other corpora and sizes are not comparable in absolute terms."
             ],
@@ -72,9 +77,9 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
                 {
                     "scale": ft["scale"],
                     "variant": ft["variant"],
-                    "N (non-emb.)": ft["n_params"].map(lambda v: _fmt(v, ".3g")),
-                    "N total": ft["n_params_total"].map(lambda v: _fmt(v, ".3g")),
-                    "tokens": ft["tokens"].map(lambda v: _fmt(v, ".3g")),
+                    "N (non-emb.)": ft["n_params"].map(_int),
+                    "N total": ft["n_params_total"].map(_int),
+                    "tokens": ft["tokens"].map(_int),
                     "val ppl": [f"{_fmt(m, '.3f')} ± {_fmt(s, '.3f')} (n={n})" for m, s, n in zip(ft["mean_ppl"], ft["std"], ft["n_seeds"])],
                     "vs reference": ft["change_vs_reference_pct"].map(_pct),
                     "paper ppl": ft["paper_ppl"].map(lambda v: v if isinstance(v, str) else "—"),
@@ -97,8 +102,9 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
                 "(PCHIP) interpolation of log perplexity vs log tokens across the reference's extend runs, 95% percentile "
                 f"interval of a parametric bootstrap over seeds ({summary['n_boot']} draws of each run group's seed mean "
                 "from the pooled seed spread). A target outside the extend range is censored and shown "
-                "as the bound (`>3.00x`: the longest reference run never reached it; `<1.00x`: already better at x1), never "
-                "extrapolated. The single-run curve estimate reads the reference's longest eval curve instead (labelled: "
+                "as a bound, never extrapolated: `>B` means the reference's longest run never reached it (B = that run's "
+                "tokens / the variant's tokens), `<B` means the reference was already better at x1 (B = the reference's "
+                "x1 tokens / the variant's tokens; below 1 when the variant trained on more tokens). The single-run curve estimate reads the reference's longest eval curve instead (labelled: "
                 "its intermediate checkpoints are not annealed, so it overstates the tokens needed). FLOP and wall-clock "
                 f"ratios compare cost at equal perplexity. Paper: {PAPER_TOKEN_RATIO}x."
             ],
@@ -120,8 +126,10 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
     for v, d in summary["scaling"]["fade"].items():
         ci = d.get("ci")
         ci_s = "" if not ci else f" (95% bootstrap interval {_fmt(ci[0], '.3g', '>1e16')} to {_fmt(ci[1], '.3g', '>1e16')})"
-        val = _fmt(d["n"], ".3g", "not below 1% up to N = 1e16")
-        fade_text.append(f"`{v}`: advantage over `{ref}` falls below 1% at N ≈ {val}{ci_s}. {d.get('note') or ''}".strip())
+        if d["n"] is None:  # no fit, or no crossing below 1e16: the note says which
+            fade_text.append(f"`{v}`: {d.get('note') or 'no estimate'}.")
+        else:
+            fade_text.append(f"`{v}`: advantage over `{ref}` falls below 1% at N ≈ {d['n']:.3g}{ci_s}. {d.get('note') or ''}".strip())
     out.append(
         Section(
             "Scaling",

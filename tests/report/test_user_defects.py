@@ -29,7 +29,14 @@ def extra_store(store):
 
     for spec in (ONLY_FAILED, SINGLE_VARIANT):
         write_synthetic_study(spec, store)
-    MlflowClient(store).create_experiment("no-runs")
+    client = MlflowClient(store)
+    client.create_experiment("no-runs")
+    # A run that failed at start-up: tags only, no params, not one metric.
+    eid = client.create_experiment("failed-at-start")
+    tags = {"study": "failed-at-start", "variant": "standard", "scale": "xs", "seed": "0", "extend": "1",
+            "status": "failed", "failure_reason": "CUDA out of memory", "qkstudy.kind": "train"}
+    rid = client.create_run(eid, run_name="standard-xs-s0-x1", tags=tags).info.run_id
+    client.set_terminated(rid, status="FAILED")
     return store
 
 
@@ -125,6 +132,13 @@ def test_only_failed_run_gives_report_saying_nothing_to_compare(extra_store, tmp
     assert "standard-xs-s0-x1" in md and "no finished run to compare" in md
 
 
+def test_run_failed_at_start_without_metrics_gives_report(extra_store, tmp_path):
+    summary = build_report("failed-at-start", extra_store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
+    assert [r["detail"] for r in summary["runs"]["failed"]] == ["CUDA out of memory"]
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "standard-xs-s0-x1" in md and "no finished run to compare" in md
+
+
 def test_experiment_without_runs_raises_report_error(extra_store, tmp_path):
     with pytest.raises(ReportError, match="study 'no-runs' has no training runs"):
         build_report("no-runs", extra_store, tmp_path / "r", log_to_mlflow=False)
@@ -150,8 +164,9 @@ def test_report_text_cites_readme_and_formats_numbers(main_report):
         assert "DESIGN.md" not in text
     assert "Conventions the numbers depend on" in md
     # N and tokens as exact integers with thousands separators (xs: N = 2e6, 20 tokens/param).
-    assert "| 2,000,000 |" in md and "| 40,000,000 |" in md
-    assert not re.search(r"\| \d\.\d+e\+\d\d \|", md)
+    assert re.search(r"\|\s+2,000,000 \|", md) and re.search(r"\|\s+40,000,000 \|", md)
+    final_table = md.split("## Paper reference")[0]
+    assert not re.search(r"\|\s+\d(\.\d+)?e\+\d\d \|", final_table)
     # The censored bound shown in the table is described by the text.
     assert "`<1.00x`" not in md and "reference's x1 tokens" in md
 
