@@ -5,7 +5,9 @@ the reference, declared for a 64-GPU cluster (8 workers x 1 GPU per run). Timing
 median of several repeats of ``parse_spec`` + ``plan`` in one process, after one warm-up
 (imports). A dated row goes to BENCHMARKS.md (temp file, then rename).
 
-    python -m orchestrator.bench [--repeats 5]
+    python -m orchestrator.bench [--repeats 5] [--training]
+
+``--training`` also times cpu-s training through the whole stack with 1 and 2 workers.
 """
 
 from __future__ import annotations
@@ -45,23 +47,72 @@ def bench(repeats: int = 5) -> tuple[int, float]:
     return n, statistics.median(times)
 
 
+def bench_training(steps: int = 60) -> list[dict]:
+    """cpu-s training through the real stack (local Ray, Ray Train, DeepSpeed ZeRO-2, MLflow)
+    with 1 worker x 2 CPUs and 2 workers x 1 CPU: median tokens/s, checkpoint size and times,
+    read back from MLflow."""
+    import tempfile
+
+    import ray
+    from mlflow.tracking import MlflowClient
+    from rich.console import Console
+
+    from .runner import run_runs
+
+    tmp = Path(tempfile.mkdtemp(prefix="qkstudy-bench-"))
+    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
+    rows = []
+    try:
+        for workers, cpus in ((1, 2), (2, 1)):
+            name = f"bench-w{workers}"
+            study = parse_spec({"name": name, "scales": ["cpu-s"], "variants": ["standard"], "tokenizer": {"vocab_size": 2048},
+                                "budget": {"mode": "tokens", "tokens": steps * 2048},
+                                "eval": {"num_evals": 3, "max_windows": 16, "diagnostics": False},
+                                "train": {"log_every_steps": 5},
+                                "resources": {"workers": workers, "cpus_per_worker": cpus, "zero_stage": 2}})
+            uri = f"sqlite:///{tmp / name / 'mlflow.db'}"
+            run_runs(plan(study), name, uri, str(tmp / name / "ray"), console=Console(quiet=True))
+            c = MlflowClient(uri)
+            (r,) = c.search_runs([c.get_experiment_by_name(name).experiment_id], "tags.`qkstudy.kind` = 'train'")
+            hist = lambda k: [m.value for m in c.get_metric_history(r.info.run_id, k)]  # noqa: E731
+            rows.append({"workers": workers, "cpus_per_worker": cpus,
+                         "tokens_per_s": statistics.median(hist("throughput/tokens_per_s")[1:]),
+                         "checkpoint_mb": hist("checkpoint/bytes")[-1] / 1e6,
+                         "save_s": statistics.median(hist("checkpoint/save_s")),
+                         "persist_s": statistics.median(hist("checkpoint/persist_s"))})
+    finally:
+        ray.shutdown()
+    return rows
+
+
+def _append(out: Path, text: str) -> None:
+    old = out.read_text() if out.exists() else "# Benchmarks\n"
+    tmp = out.with_suffix(".md.tmp")
+    tmp.write_text(old + text)
+    os.replace(tmp, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--training", action="store_true", help="also time cpu-s training with 1 and 2 workers")
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = ap.parse_args(argv)
-    n, secs = bench(args.repeats)
     from model.bench import machine_description
 
-    machine = machine_description()
+    n, secs = bench(args.repeats)
     row = (f"\n## Planner: validate + plan a {n}-run study (64-GPU cluster declared)\n\n"
-           f"{dt.date.today().isoformat()} - {machine} - `python -m orchestrator.bench --repeats {args.repeats}`\n\n"
+           f"{dt.date.today().isoformat()} - {machine_description()} - `python -m orchestrator.bench --repeats {args.repeats}`\n\n"
            f"| runs | median seconds | target |\n|---:|---:|---:|\n| {n} | {secs:.3f} | < 2 |\n")
+    if args.training:
+        rows = bench_training()
+        row += (f"\n## Training: cpu-s, Ray Train + DeepSpeed ZeRO-2 on CPU\n\n{dt.date.today().isoformat()} - "
+                f"{machine_description()} - `python -m orchestrator.bench --training`\n\n"
+                "| workers x CPUs | tokens/s (median) | checkpoint (MB, all ranks) | save (s) | persist (s) |\n|---|---:|---:|---:|---:|\n")
+        row += "".join(f"| {r['workers']} x {r['cpus_per_worker']} | {r['tokens_per_s']:,.0f} | {r['checkpoint_mb']:.1f} | "
+                       f"{r['save_s']:.3f} | {r['persist_s']:.3f} |\n" for r in rows)
     print(row)
-    old = args.out.read_text() if args.out.exists() else "# Benchmarks\n"
-    tmp = args.out.with_suffix(".md.tmp")
-    tmp.write_text(old + row)
-    os.replace(tmp, args.out)
+    _append(args.out, row)
     return 0
 
 
