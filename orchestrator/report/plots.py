@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from orchestrator.report.paper import PAPER_NOMINAL_N, PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_variant  # noqa: E402
@@ -28,17 +29,43 @@ def colors(variants: list[str]) -> dict[str, str]:
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.4, rows: int = 1):
-    """A rows x n grid with fixed margins in inches: tight_layout would render every figure twice."""
+    """A rows x n grid; constrained layout sizes the margins to the labels so none overlap."""
     cols = max(n, 1)
-    w, h = width * cols, height * rows
-    fig, axes = plt.subplots(rows, cols, figsize=(w, h), squeeze=False)
-    fig.subplots_adjust(left=0.75 / w, right=1 - 0.15 / w, bottom=0.55 / h, top=1 - 0.35 / h, wspace=0.85 / (width - 0.85), hspace=0.9 / (height - 0.9))
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
     return fig, axes
 
 
-def _save(fig, path: Path, tight: bool = False) -> Path:
-    if tight:
-        fig.tight_layout()
+# Tick positions per decade, coarsest first; _log_ticks picks the first giving >= 3 ticks.
+_SUBS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0))
+_MAX_TICKS = 6
+
+
+def _log_ticks(axis, eng: bool = True) -> None:
+    """Few, short, labelled ticks on a log axis; no minor tick labels.
+
+    Matplotlib's default labels minor ticks when the axis spans under ~1 decade, and their
+    sci-notation labels ("3x10^4 4x10^4 6x10^4") run into each other. Here: major ticks at
+    1-2-5 (or 1..8) x 10^k chosen for the current limits, at most _MAX_TICKS, labelled with
+    SI prefixes (2M, 500k; eng=True, for counts) or plain numbers (perplexity). Call after the
+    data is drawn (uses the limits then).
+    """
+    lo, hi = sorted(axis.get_view_interval())
+    if not (lo > 0 and np.isfinite(hi)):
+        return
+    ticks: list[float] = []
+    for subs in _SUBS:
+        ticks = [t for t in ticker.LogLocator(base=10, subs=subs).tick_values(lo, hi) if lo <= t <= hi]
+        if len(ticks) >= 3:
+            break
+    if len(ticks) < 2:  # a sliver of a decade: evenly spaced round values
+        ticks = [t for t in ticker.MaxNLocator(nbins=3).tick_values(lo, hi) if lo <= t <= hi and t > 0]
+    ticks = ticks[:: -(-len(ticks) // _MAX_TICKS)]
+    axis.set_major_locator(ticker.FixedLocator(ticks))
+    axis.set_major_formatter(ticker.EngFormatter(sep="") if eng else ticker.FuncFormatter(lambda v, _: f"{v:.4g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -82,6 +109,8 @@ def ppl_curves(
             ax.plot(pts[fx], pts["final_ppl"], "kx", ms=7, label=f"{reference} extend finals")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        _log_ticks(ax.xaxis)
+        _log_ticks(ax.yaxis, eng=False)
         ax.set_title(f"scale {scale}")
         ax.set_xlabel(XLABEL[x])
         ax.set_ylabel("val perplexity")
@@ -95,7 +124,7 @@ def token_ratios(ratios: list[dict], scales: list[str], cmap: dict[str, str], pa
     rows = [r for r in ratios if r["token_ratio"]["value"] is not None]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
     variants = sorted({r["variant"] for r in rows})
     for j, variant in enumerate(variants):
         for r in (r for r in rows if r["variant"] == variant):
@@ -117,34 +146,39 @@ def token_ratios(ratios: list[dict], scales: list[str], cmap: dict[str, str], pa
     ax.set_title("token ratio (triangles: censored bound)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path, tight=True)
+    return _save(fig, path)
 
 
 def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Path) -> Path | None:
-    """Final perplexity vs N (non-embedding) and vs FLOPs with fitted laws; paper points beside."""
+    """Final perplexity vs N (non-embedding) and vs FLOPs with fitted laws (titles say "fits" only
+    where one is drawn: a fit needs >= 3 scales); paper points beside."""
     from orchestrator.report.scaling import PowerLawFit
 
     f = finals[(finals["extend"] == 1.0) & finals["complete"]]
     if f.empty:
         return None
-    fig, axes = _panels(3)
+    fig, axes = _panels(3, width=4.6)
     for ax, xcol, key, label in (
         (axes[0][0], "n_params", "N", "N (non-embedding parameters)"),
         (axes[0][1], "final_flops", "flops", "training FLOPs"),
     ):
+        drawn = False
         for variant, g in f.groupby("variant"):
             p = g.groupby("scale")[[xcol, "final_ppl"]].agg(["mean", "std"])
             ax.errorbar(p[(xcol, "mean")], p[("final_ppl", "mean")], yerr=p[("final_ppl", "std")].fillna(0), fmt="o", color=cmap[variant], label=variant, capsize=2)
             fit = analysis["fits"].get(variant, {}).get(key)
             if fit:
+                drawn = True
                 law = PowerLawFit(**fit)
                 xs = np.logspace(np.log10(g[xcol].min() / 2), np.log10(g[xcol].max() * 4), 100)
                 ax.plot(xs, law.ppl(xs), color=cmap[variant], lw=1, label=f"fit a={law.alpha:.2f}")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        _log_ticks(ax.xaxis)
+        _log_ticks(ax.yaxis, eng=False)
         ax.set_xlabel(label)
         ax.set_ylabel("final val perplexity")
-        ax.set_title("this study: L = E + A x^-alpha fits")
+        ax.set_title("this study: L = E + A x^-alpha fits" if drawn else "this study: final perplexity vs size")
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=6)
     ax = axes[0][2]
@@ -156,6 +190,7 @@ def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Pa
         xs, ys = zip(*pts)
         ax.plot(xs, ys, "s--", color=cv, label=variant, lw=1)
     ax.set_xscale("log")
+    _log_ticks(ax.xaxis)
     ax.set_xlabel("nominal model size (paper)")
     ax.set_ylabel("WikiText-103 val perplexity")
     ax.set_title("paper reference (arXiv 2604.01683)")
@@ -169,7 +204,7 @@ def seed_spread(std: pd.DataFrame, scales: list[str], cmap: dict[str, str], path
     s = std.dropna(subset=["std"])
     if s.empty:
         return None
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
     variants = list(dict.fromkeys(s["variant"]))
     width = 0.8 / len(variants)
     for j, variant in enumerate(variants):
@@ -183,7 +218,7 @@ def seed_spread(std: pd.DataFrame, scales: list[str], cmap: dict[str, str], path
     ax.set_ylabel("seed std of final val perplexity")
     ax.set_title("stability over seeds")
     ax.legend(fontsize=7)
-    return _save(fig, path, tight=True)
+    return _save(fig, path)
 
 
 def attention(diag: dict[str, pd.DataFrame], scales: list[str], cmap: dict[str, str], path: Path) -> Path | None:
@@ -200,6 +235,7 @@ def attention(diag: dict[str, pd.DataFrame], scales: list[str], cmap: dict[str, 
                 ax.plot(g["step"], g["mean"], color=cmap[variant], label=variant)
                 ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0), color=cmap[variant], alpha=0.2, lw=0)
             ax.set_xscale("log")
+            _log_ticks(ax.xaxis)
             ax.set_title(f"{key}, scale {scale}", fontsize=9)
             ax.set_xlabel("tokens seen")
             ax.grid(True, alpha=0.3)

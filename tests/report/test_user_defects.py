@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -186,20 +187,47 @@ def test_scaling_text_without_fit_does_not_contradict_itself(store, tmp_path):
     assert "needs >= 3 scales" in md
 
 
-def test_scaling_title_mentions_fits_only_when_drawn(store, tmp_path):
-    from orchestrator.report import plots
+def _drawn_figures(monkeypatch) -> dict:
+    """Spy on Figure.savefig: {png name: figure}, inspected after the real save drew it."""
+    from matplotlib.figure import Figure
 
-    build_report(ONE_SEED.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
-    assert all("fit" not in t for t in plots.LAST_SCALING_TITLES)
+    seen, save = {}, Figure.savefig
+
+    def spy(fig, fname, *a, **k):
+        save(fig, fname, *a, **k)
+        seen[Path(fname).name] = {"titles": [ax.get_title() for ax in fig.axes], "overlaps": _overlaps(fig)}
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return seen
 
 
-# --- 6. plots: no overlapping labels -------------------------------------------------------------
+def _overlaps(fig) -> list[str]:
+    """Pairs of drawn tick labels, axis labels and titles whose boxes overlap (by > 0.5 px)."""
+    fig.draw_without_rendering()  # lay out again at the figure's own dpi (savefig drew at another)
+    renderer = fig.canvas.get_renderer()
+    boxes = []
+    for i, ax in enumerate(fig.axes):
+        for axis in (ax.xaxis, ax.yaxis):
+            for t in axis._update_ticks():  # the ticks draw() used: inside the view limits
+                if t.label1.get_visible() and t.label1.get_text():
+                    boxes.append((f"ax{i} tick {t.label1.get_text()}", t.label1.get_window_extent(renderer)))
+            if axis.label.get_text():
+                boxes.append((f"ax{i} label {axis.label.get_text()}", axis.label.get_window_extent(renderer)))
+        if ax.get_title():
+            boxes.append((f"ax{i} title", ax.title.get_window_extent(renderer)))
+    out = []
+    for j, (na, a) in enumerate(boxes):
+        for nb, b in boxes[j + 1 :]:
+            if min(a.x1, b.x1) - max(a.x0, b.x0) > 0.5 and min(a.y1, b.y1) - max(a.y0, b.y0) > 0.5:
+                out.append(f"{na} / {nb}")
+    return out
 
 
-def test_plot_labels_never_overlap(main_report):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from orchestrator.report import plots
-
-    assert plots.LAST_OVERLAPS == {}, plots.LAST_OVERLAPS
+def test_scaling_title_mentions_fits_only_when_drawn(store, tmp_path, monkeypatch):
+    seen = _drawn_figures(monkeypatch)
+    build_report(ONE_SEED.study, store, tmp_path / "one", log_to_mlflow=False, n_boot=10)  # 1 scale: no fit
+    assert seen["scaling.png"]["titles"] and not any("fit" in t for t in seen["scaling.png"]["titles"])
+    build_report(MAIN.study, store, tmp_path / "main", log_to_mlflow=False, n_boot=20)  # 3 scales: fits drawn
+    assert any("fit" in t for t in seen["scaling.png"]["titles"])
+    # 6. No figure has overlapping labels (log-axis minor tick labels, y label vs tick labels).
+    assert {k: v["overlaps"] for k, v in seen.items() if v["overlaps"]} == {}
