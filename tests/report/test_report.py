@@ -110,9 +110,9 @@ def test_no_extend_runs_gives_null_ratio_with_reason(store, tmp_path):
     assert "extend" in (tmp_path / "r" / "report.md").read_text()
 
 
-def test_existing_output_folder_is_replaced_whole(store, tmp_path):
+def test_existing_report_folder_is_replaced_whole(store, tmp_path):
     out = tmp_path / "r"
-    out.mkdir()
+    build_report(ONE_SEED.study, store, out, log_to_mlflow=False, n_boot=10)
     (out / "stale.txt").write_text("old")
     build_report(ONE_SEED.study, store, out, log_to_mlflow=False, n_boot=10)
     assert not (out / "stale.txt").exists() and (out / "report.html").exists()
