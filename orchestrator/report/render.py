@@ -21,7 +21,7 @@ CAPTIONS = {
     "ppl_vs_flops.png": "Validation perplexity vs training FLOPs (3 x forward; README, \"Conventions the numbers depend on\"), one panel per scale.",
     "ppl_vs_wallclock.png": "Validation perplexity vs wall-clock seconds, one panel per scale.",
     "token_ratio.png": "Token ratio per scale with 95% bootstrap interval over seeds; triangles are censored bounds.",
-    "scaling.png": "Final perplexity vs N (non-embedding) and vs FLOPs with fitted L = E + A x^-alpha; the paper's points on their own panel.",
+    "scaling.png": "Final perplexity vs N (non-embedding) and vs FLOPs, with fitted L = E + A x^-alpha where a panel says so (a fit needs >= 3 scales); the paper's points on their own panel.",
     "seed_std.png": "Seed standard deviation of final perplexity (paper: coupled 0.04, uncoupled MLP 0.31).",
     "attention.png": "Attention diagnostics over training (seed mean +-1 std).",
 }
@@ -110,10 +110,12 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
             ],
             rt[["scale", "variant", "token_ratio", "interval_95", "single_run_estimate", "flop_ratio", "wall_ratio", "reference_extends", "note"]].rename(
                 columns={"interval_95": "95% interval", "single_run_estimate": "single-run curve estimate", "flop_ratio": "FLOP ratio", "wall_ratio": "wall-clock ratio", "reference_extends": "reference runs"}
-            ),
+            ) if len(rt) else None,
             ["token_ratio.png"],
         )
     )
+    if not len(rt):  # one variant only: the method text stays, the empty table goes
+        out[-1].text.insert(0, f"The study has only `{ref}`: no non-reference variant: no token ratio.")
     fits = summary["scaling"]["fits"]
     fit_rows = []
     for v, d in fits.items():

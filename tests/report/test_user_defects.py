@@ -177,6 +177,8 @@ def test_single_variant_text_says_no_ratio(extra_store, tmp_path):
     md = (tmp_path / "r" / "report.md").read_text()
     assert "None`" not in md
     assert "no non-reference variant: no token ratio" in md
+    ratio_section = md.split("## Token ratio at equal perplexity")[1].split("## ")[0]
+    assert "| scale" not in ratio_section  # no empty table
     assert summary["target"] is None
 
 
