@@ -132,6 +132,8 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
             fade_text.append(f"`{v}`: {d.get('note') or 'no estimate'}.")
         else:
             fade_text.append(f"`{v}`: advantage over `{ref}` falls below 1% at N ≈ {d['n']:.3g}{ci_s}. {d.get('note') or ''}".strip())
+    if not fade_text:
+        fade_text = ["None: no non-reference variant to compare."]
     out.append(
         Section(
             "Scaling",
