@@ -324,13 +324,14 @@ def export(study: str = typer.Argument(..., help="Study name or spec path."),
 def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the current folder."),
            address: str = typer.Option(..., help="Ray dashboard URL, e.g. https://HEAD:8265."),
            image: Optional[str] = typer.Option(None, help="Container image for the job (runtime_env image_uri)."),
-           allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host.")) -> None:
+           allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host."),
+           no_upload: bool = typer.Option(False, "--no-upload", help="Upload nothing: the cluster has this code (its image) and reads SPEC at the same absolute path (shared storage).")) -> None:
     """Send a study to a Ray cluster through the Job Submission API; print the job id."""
     from .security import InsecureAddressError
     from .submit import submit as submit_job
 
     try:
-        job_id = submit_job(spec, address, image=image, allow_insecure=allow_insecure)
+        job_id = submit_job(spec, address, image=image, allow_insecure=allow_insecure, upload=not no_upload)
     except InsecureAddressError as e:
         err.print(f"[red]error[/]: {e}")
         raise typer.Exit(EXIT_INPUT)

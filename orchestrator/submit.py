@@ -30,7 +30,7 @@ AGENT_WAIT_S = 120
 
 
 def build_job(spec_path: str | Path, address: str, *, image: str | None = None, allow_insecure: bool = False,
-              working_dir: str | Path | None = None) -> dict[str, Any]:
+              working_dir: str | Path | None = None, upload: bool = True) -> dict[str, Any]:
     """The arguments of ``JobSubmissionClient.submit_job`` for a study, without sending them.
 
     Args:
@@ -38,6 +38,8 @@ def build_job(spec_path: str | Path, address: str, *, image: str | None = None, 
         address: the cluster's dashboard URL (``http://HOST:8265``).
         image: optional container image for the job (runtime_env ``image_uri``).
         working_dir: folder uploaded as the job's working dir (default: the current one).
+        upload: False when the cluster already has the code (its image) and reads the spec
+            at the same absolute path (shared storage): nothing is uploaded.
 
     Returns:
         {"address", "entrypoint", "runtime_env", "metadata", "study"}.
@@ -51,12 +53,16 @@ def build_job(spec_path: str | Path, address: str, *, image: str | None = None, 
     addr = check_submit_address(address, allow_insecure=allow_insecure)
     wd = Path(working_dir or os.getcwd()).resolve()
     spec_abs = Path(spec_path).resolve()
-    try:
-        rel = spec_abs.relative_to(wd)
-    except ValueError:
-        raise ValueError(f"{spec_path}: the spec must be inside the uploaded working dir {wd}") from None
+    runtime_env: dict[str, Any] = {}
+    if upload:
+        try:
+            rel = spec_abs.relative_to(wd)
+        except ValueError:
+            raise ValueError(f"{spec_path}: the spec must be inside the uploaded working dir {wd}") from None
+        runtime_env.update(working_dir=str(wd), excludes=list(EXCLUDES))
+    else:
+        rel = spec_abs
     entrypoint = shell_join(["python", "-m", "orchestrator.cli", "run", rel.as_posix()])
-    runtime_env: dict[str, Any] = {"working_dir": str(wd), "excludes": list(EXCLUDES)}
     env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
     if env:
         runtime_env["env_vars"] = env
@@ -67,11 +73,12 @@ def build_job(spec_path: str | Path, address: str, *, image: str | None = None, 
 
 
 def submit(spec_path: str | Path, address: str, *, image: str | None = None, allow_insecure: bool = False,
-           working_dir: str | Path | None = None) -> str:
-    """Submit a study as a Ray job; returns the job's submission id."""
+           working_dir: str | Path | None = None, upload: bool = True) -> str:
+    """Submit a study as a Ray job (see ``build_job``); returns the job's submission id."""
     from ray.job_submission import JobSubmissionClient
 
-    job = build_job(spec_path, address, image=image, allow_insecure=allow_insecure, working_dir=working_dir)
+    job = build_job(spec_path, address, image=image, allow_insecure=allow_insecure, working_dir=working_dir,
+                    upload=upload)
     client = JobSubmissionClient(job["address"])
     # A cluster that just came up answers "No available agent" until its job agent is ready.
     deadline = time.time() + AGENT_WAIT_S

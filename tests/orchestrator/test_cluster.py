@@ -123,6 +123,7 @@ def test_submit_to_two_node_cluster_then_resubmit(cluster):
     (study_dir / "cluster.yaml").write_text(SPEC.format(workdir=tmp / "work"))
     env = {**env, "QKSTUDY_CACHE": str(tmp / "cache")}
 
+    # First submission uploads the working dir (the spec's folder) as a Ray package.
     res = _qk("submit", "cluster.yaml", "--address", url, cwd=study_dir, env=env)
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.strip()
@@ -140,7 +141,8 @@ def test_submit_to_two_node_cluster_then_resubmit(cluster):
     assert [r["status"] for r in st["runs"]] == ["finished", "finished"]
     assert [j["job_id"] for j in st["jobs"]] == [job_id]
 
-    res = _qk("submit", "cluster.yaml", "--address", url, cwd=study_dir, env=env)
+    # The resubmission reads the spec in place (shared storage, code in the image): --no-upload.
+    res = _qk("submit", "cluster.yaml", "--address", url, "--no-upload", cwd=study_dir, env=env)
     status, logs = _wait(url, res.stdout.strip(), env, study_dir)
     assert status == "SUCCEEDED", logs[-4000:]
     assert "2 run(s) already finished in MLflow: skipped" in logs
