@@ -50,8 +50,14 @@ def cluster(tmp_path_factory):
     mp.setenv("RAY_AUTH_TOKEN", env["RAY_AUTH_TOKEN"])
     gcs, dash = _free_port(), _free_port()
     common = ["--num-cpus", "2", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+
+    def own_ports():  # two nodes on one machine must not both take Ray's default agent ports
+        return ["--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
+                "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
+                "--ray-client-server-port", str(_free_port())]
+
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--port", str(gcs), "--dashboard-host", "127.0.0.1",
-                             "--dashboard-port", str(dash), "--include-dashboard", "true", *common],
+                             "--dashboard-port", str(dash), "--include-dashboard", "true", *own_ports(), *common],
                             env=env, start_new_session=True, stdout=open(tmp / "head.log", "w"), stderr=subprocess.STDOUT)
     procs = [head]
     try:
@@ -66,7 +72,7 @@ def cluster(tmp_path_factory):
             except OSError:
                 assert time.time() < deadline and head.poll() is None, (tmp / "head.log").read_text()[-3000:]
                 time.sleep(1)
-        procs.append(subprocess.Popen([str(BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", *common],
+        procs.append(subprocess.Popen([str(BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", *own_ports(), *common],
                                       env=env, start_new_session=True, stdout=open(tmp / "worker.log", "w"),
                                       stderr=subprocess.STDOUT))
         probe = "import ray; ray.init(address='127.0.0.1:%d', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))" % gcs

@@ -71,9 +71,9 @@ def test_makespan_within_10_percent_of_lower_bound(logical_cluster):
 
 
 def test_unschedulable_run_is_reported(logical_cluster):
-    (run, *_) = plan(_study(workers=80))
+    (run, *_) = plan(_study(workers=128))
     reason = unschedulable_reason(run, logical_cluster)
-    assert reason and "needs 80 workers" in reason and "'GPU': 64.0" in reason
+    assert reason and "needs 128 workers" in reason and "'GPU': 64.0" in reason
     (ok, *_) = plan(_study(workers=64))
     assert unschedulable_reason(ok, logical_cluster) is None
 
