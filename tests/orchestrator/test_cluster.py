@@ -5,10 +5,12 @@ MLflow, and resubmitting trains nothing new."""
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -45,19 +47,22 @@ def cluster(tmp_path_factory):
     env["PATH"] = f"{BIN}:{env['PATH']}"  # the job's `python` is this environment's
     # Ray token authentication, as the compose stack runs it: every node and client holds the token.
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
-    mp = pytest.MonkeyPatch()  # this process is a client too (job status)
-    mp.setenv("RAY_AUTH_MODE", "token")
-    mp.setenv("RAY_AUTH_TOKEN", env["RAY_AUTH_TOKEN"])
     gcs, dash = _free_port(), _free_port()
     common = ["--num-cpus", "2", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
 
-    def own_ports():  # two nodes on one machine must not both take Ray's default agent ports
+    # Two nodes on one machine must not share what separate machines never share: Ray's
+    # default agent ports, and a temp dir (the job's unpacked working_dir would be one folder,
+    # deleted under one node by the other's runtime-env cleanup). Short paths: Unix sockets.
+    temp_dirs = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
+
+    def own_ports():
         return ["--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
                 "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
                 "--ray-client-server-port", str(_free_port())]
 
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--port", str(gcs), "--dashboard-host", "127.0.0.1",
-                             "--dashboard-port", str(dash), "--include-dashboard", "true", *own_ports(), *common],
+                             "--dashboard-port", str(dash), "--include-dashboard", "true", "--temp-dir", temp_dirs[0], *own_ports(),
+                             *common],
                             env=env, start_new_session=True, stdout=open(tmp / "head.log", "w"), stderr=subprocess.STDOUT)
     procs = [head]
     try:
@@ -72,7 +77,8 @@ def cluster(tmp_path_factory):
             except OSError:
                 assert time.time() < deadline and head.poll() is None, (tmp / "head.log").read_text()[-3000:]
                 time.sleep(1)
-        procs.append(subprocess.Popen([str(BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", *own_ports(), *common],
+        procs.append(subprocess.Popen([str(BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", "--temp-dir", temp_dirs[1],
+                                       *own_ports(), *common],
                                       env=env, start_new_session=True, stdout=open(tmp / "worker.log", "w"),
                                       stderr=subprocess.STDOUT))
         probe = "import ray; ray.init(address='127.0.0.1:%d', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))" % gcs
@@ -84,13 +90,14 @@ def cluster(tmp_path_factory):
             time.sleep(1)
         yield url, env, tmp
     finally:
-        mp.undo()
         for p in reversed(procs):
             _stop(p)
         # `ray start` leaves the cluster's address behind for `ray.init()` to find; it is gone now.
         current = Path("/tmp/ray/ray_current_cluster")
         if current.exists() and current.read_text().strip().endswith(f":{gcs}"):
             current.unlink()
+        for d in temp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 SPEC = """\
@@ -111,11 +118,18 @@ def _qk(*args, cwd, env):
     return subprocess.run([str(BIN / "qkstudy"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _wait(url, job_id, env, cwd):
-    from orchestrator.submit import job_status
+def _job_status(url, job_id, env):
+    # In a subprocess: Ray reads its auth settings once per process, and this one imported Ray
+    # (test collection) before the cluster's token existed.
+    code = f"from orchestrator.submit import job_status; print(job_status({url!r}, {job_id!r}))"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout.strip()
 
+
+def _wait(url, job_id, env, cwd):
     deadline = time.time() + 600
-    while (st := job_status(url, job_id)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+    while (st := _job_status(url, job_id, env)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
         assert time.time() < deadline
         time.sleep(2)
     logs = _qk("logs", job_id, "--address", url, "--no-follow", cwd=cwd, env=env).stdout
