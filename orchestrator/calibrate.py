@@ -66,6 +66,7 @@ def _bench_scale(scale: str, specs: list[str], repeats: int, steps: int, batch: 
 
 
 def calibration_path(study: Study) -> Path:
+    """Where the study's calibration table lives: ``<workdir>/calibration.json``."""
     return study.workdir_path / CALIBRATION_FILE
 
 

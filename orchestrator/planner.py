@@ -105,6 +105,7 @@ class RunSpec(BaseModel):
 
     @property
     def extend_tag(self) -> str:
+        """The extend multiplier as MLflow's ``extend`` tag writes it (``1``, ``2.4``)."""
         return _fmt_extend(self.extend)
 
 

@@ -20,13 +20,16 @@ class ProgressBoard:
         self._runs: dict[str, dict[str, Any]] = {}
 
     def update(self, run_id: str, **fields: Any) -> None:
+        """Merge ``fields`` (tokens, planned, loss, state) into the run's latest numbers."""
         self._runs.setdefault(run_id, {}).update(fields, updated=time.time())
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Latest numbers of every run, keyed by run_id."""
         return self._runs
 
 
 def board_name(study: str) -> str:
+    """Ray actor name of the study's progress board."""
     return f"qkstudy-progress-{study}"
 
 

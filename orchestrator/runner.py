@@ -44,6 +44,7 @@ class StudyResult:
 
     @property
     def ok(self) -> bool:
+        """True when every planned run finished (now or in an earlier submission)."""
         return all(s in ("finished", "skipped") for s in self.status.values())
 
 

@@ -52,6 +52,7 @@ class VariantSpec(_Strict):
 
     @property
     def model_variant(self) -> str:
+        """The ``model.VARIANTS`` name this arm builds: ``kind``, else ``name``."""
         return self.kind or self.name
 
     @field_validator("name")

@@ -138,6 +138,7 @@ class MetricBuffer:
         self._pending: list[Metric] = []
 
     def add(self, metrics: dict[str, float], step: int) -> None:
+        """Queue ``metrics`` at ``step`` (tokens seen); dropped if MLflow already has that step."""
         if step <= self.resume_after:
             return
         ts = int(time.time() * 1000)
@@ -147,6 +148,7 @@ class MetricBuffer:
                 self._pending.append(Metric(k, v, ts, int(step)))
 
     def flush(self) -> None:
+        """Write every queued point to MLflow (``log_batch``, 1,000 points per call)."""
         pending, self._pending = self._pending, []
         for i in range(0, len(pending), 1000):
             self.client.log_batch(self.mlflow_run_id, metrics=pending[i : i + 1000])
