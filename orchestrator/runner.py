@@ -1,19 +1,21 @@
-"""Runner: schedules a study's runs on Ray, one Ray Train TorchTrainer per run.
+"""Runner: schedules a study's runs on Ray, one Ray Train TorchTrainer per pack of runs.
 
 Order of work: plan -> MLflow experiment and the list of runs already there -> data
-preparation once per corpus as a Ray task -> one lightweight Ray task per run that owns a
-TorchTrainer (workers sized from the spec; Ray places them as resources free up) -> live
-progress from the ``ProgressBoard`` actor -> final states read back from MLflow.
+preparation once per corpus as a Ray task -> one lightweight Ray task per pack (one run by
+default, ``resources.runs_per_trainer`` back to back otherwise) that owns a TorchTrainer
+(workers sized from the spec; Ray places them as resources free up) -> live progress from the
+``ProgressBoard`` actor -> final states read back from MLflow.
 
 Idempotence: a run whose MLflow record (found by its ``run_id`` tag) is ``finished`` with the
 same data hash is skipped; an unfinished one is resumed: same MLflow run, same Ray Train
-run name and storage path, so Ray Train V2 hands the loop its latest checkpoint. A run whose
+run name (the pack's) and storage path, so Ray Train V2 hands the loop its latest checkpoint. A run whose
 resources can never fit the cluster is reported at once and not launched. A failing run is
 marked failed in MLflow and never takes the study down.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -143,42 +145,83 @@ def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
     return out
 
 
+# The controller checks its workers this often; a finished run is noticed at the next check.
+# Ray's default (2 s) adds seconds to every short run; the check is one cheap actor call.
+_HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+_HEALTH_CHECK_S = "0.5"
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Runs trained back to back by one Ray Train worker group (``resources.runs_per_trainer``).
+
+    ``name`` is the Ray Train run name, under which the group's checkpoints live: the run id
+    when ``runs_per_trainer`` is 1, else a hash of the ids of every run the plan put in the pack, so a
+    resubmitted study finds the same checkpoints whichever of its runs are already done."""
+
+    name: str
+    runs: tuple[RunSpec, ...]
+
+
+def make_packs(order: list[RunSpec], todo_ids: set[str]) -> list[Pack]:
+    """Cut the plan's launch order into packs of ``runs_per_trainer`` consecutive runs (similar
+    lengths, as the order is longest first), then keep only the runs in ``todo_ids``."""
+    packs = []
+    size = order[0].resources.runs_per_trainer if order else 1
+    for i in range(0, len(order), size):
+        chunk = order[i:i + size]
+        name = chunk[0].run_id if size == 1 else \
+            "pack-" + hashlib.sha256(",".join(r.run_id for r in chunk).encode()).hexdigest()[:16]
+        keep = tuple(r for r in chunk if r.run_id in todo_ids)
+        if keep:
+            packs.append(Pack(name, keep))
+    return packs
+
+
 @ray.remote(num_cpus=0, max_retries=0)
-def _fit_run(run_dict: dict, data_path: str, tracking_uri: str, mlflow_run_id: str, storage_path: str,
-             board: str | None) -> dict[str, str]:
-    """Owns one run's TorchTrainer. Any failure is recorded in MLflow, never raised."""
+def _fit_pack(name: str, items: list[dict], tracking_uri: str, storage_path: str,
+              board: str | None) -> dict[str, dict[str, str]]:
+    """Owns one pack's TorchTrainer; ``items``: [{run, data_path, mlflow_run_id}]. Returns
+    {run_id: {status, reason}}. Any failure is recorded in MLflow, never raised."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from .worker import train_loop_per_worker
 
-    run = RunSpec.model_validate(run_dict)
-    res = run.resources
+    os.environ.setdefault(_HEALTH_CHECK_ENV, _HEALTH_CHECK_S)  # Ray Train hands it to its controller
+    res = RunSpec.model_validate(items[0]["run"]).resources
     use_gpu = res.gpus_per_worker > 0
     worker_res = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"run": run_dict, "data_path": data_path, "tracking_uri": tracking_uri,
-                           "mlflow_run_id": mlflow_run_id, "board": board},
+        train_loop_config={"runs": items, "tracking_uri": tracking_uri, "board": board},
         scaling_config=ScalingConfig(num_workers=res.workers, use_gpu=use_gpu, resources_per_worker=worker_res),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        run_config=RunConfig(name=run.run_id, storage_path=storage_path,
+        run_config=RunConfig(name=name, storage_path=storage_path,
                              failure_config=FailureConfig(max_failures=res.max_retries),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
     )
     client = client_for(tracking_uri)
+    crash = ""
     try:
         trainer.fit()
     except Exception as e:  # noqa: BLE001 - a failing run never takes the study down
-        reason = f"{type(e).__name__}: {e}"
+        crash = f"{type(e).__name__}: {e}"
         cause = getattr(e, "__cause__", None) or getattr(e, "worker_failures", None)
         if cause:
-            reason += f" (cause: {cause})"
-        set_status(client, mlflow_run_id, STATUS_FAILED, reason=reason)
-        return {"status": STATUS_FAILED, "reason": reason}
-    status = run_status(client.get_run(mlflow_run_id))
-    reason = client.get_run(mlflow_run_id).data.tags.get("failure_reason", "")
-    return {"status": status, "reason": reason}
+            crash += f" (cause: {cause})"
+    out = {}
+    for item in items:
+        run_id, mlflow_id = item["run"]["run_id"], item["mlflow_run_id"]
+        tags = client.get_run(mlflow_id).data.tags
+        status, reason = run_status(client.get_run(mlflow_id)), tags.get("failure_reason", "")
+        if status != STATUS_FINISHED and not (status == STATUS_FAILED and reason):
+            # The group crashed before this run ended (or before it started).
+            reason = crash or "the worker group ended before this run did"
+            status = STATUS_FAILED
+            set_status(client, mlflow_id, STATUS_FAILED, reason=reason)
+        out[run_id] = {"status": status, "reason": reason}
+    return out
 
 
 def run_study(study: Study, *, address: str | None = None, console: Console | None = None,
@@ -248,7 +291,8 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
         console.print(f"{skipped} run(s) already finished in MLflow: skipped")
 
     if todo:
-        _launch_and_watch(study_name, todo, datasets, tracking_uri, storage_path, result, console, nodes, max_in_flight)
+        _launch_and_watch(study_name, launch_order(runs), todo, datasets, tracking_uri, storage_path, result, console,
+                          nodes, max_in_flight)
     result.wall_s = time.time() - t0
     return result
 
@@ -303,12 +347,12 @@ def launch_order(runs: list[RunSpec]) -> list[RunSpec]:
     return sorted(runs, key=lambda r: -r.total_flops / r.resources.workers)
 
 
-def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], datasets: dict[str, dict[str, Any]], uri: str,
-                      storage: str, result: StudyResult, console: Console, nodes: list[dict[str, float]],
+def _launch_and_watch(study_name: str, plan_order: list[RunSpec], todo: list[tuple[RunSpec, str]],
+                      datasets: dict[str, dict[str, Any]], uri: str, storage: str, result: StudyResult, console: Console, nodes: list[dict[str, float]],
                       max_in_flight: int | None) -> None:
     board = get_board(study_name)
     bname = board_name(study_name)
-    # One run per slot the cluster has (a study's runs share one resources block): each run
+    # One pack per slot the cluster has (a study's runs share one resources block): each pack
     # that ends frees a slot for the next-longest, so Ray's placement follows LPT order.
     limit = max_in_flight or max(capacity(r, nodes) for r, _ in todo)
     mlflow_ids = {r.run_id: m for r, m in todo}
@@ -326,9 +370,10 @@ def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], datasets
         names = {r.run_id: r.run_name for r in order}
         tasks = {r.run_id: bar.add_task(f"  {r.run_name}", total=r.tokens, info="queued") for r in order}
 
-        def launch(run: RunSpec):
-            return _fit_run.remote(run.model_dump(mode="json"), datasets[run.corpus_name]["path"], uri,
-                                   mlflow_ids[run.run_id], storage, bname)
+        def launch(pack: Pack):
+            items = [{"run": r.model_dump(mode="json"), "data_path": datasets[r.corpus_name]["path"],
+                      "mlflow_run_id": mlflow_ids[r.run_id]} for r in pack.runs]
+            return _fit_pack.remote(pack.name, items, uri, storage, bname)
 
         def on_tick() -> None:
             snap = ray.get(board.snapshot.remote())
@@ -345,7 +390,12 @@ def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], datasets
                 console.print(f"study {study_name}: {sum(done_tokens.values()):,}/{total_tokens:,} tokens"
                               + (f"; running: {running}" if running else ""))
 
-        def on_done(run: RunSpec, out: dict[str, str]) -> None:
+        def on_done(pack: Pack, outs: dict[str, Any]) -> None:
+            crashed = "status" in outs  # the pack's task itself died: one result for all its runs
+            for run in pack.runs:
+                on_run_done(run, outs if crashed else outs[run.run_id])
+
+        def on_run_done(run: RunSpec, out: dict[str, str]) -> None:
             result.status[run.run_id] = out["status"]
             result.trained.append(run.run_id)
             if out["status"] != STATUS_FINISHED:
@@ -359,4 +409,4 @@ def _launch_and_watch(study_name: str, todo: list[tuple[RunSpec, str]], datasets
                     console.print(f"finished {run.run_name} ({run.tokens:,} tokens)")
             bar.update(overall, completed=sum(done_tokens.values()))
 
-        dispatch(order, launch, limit, on_done, on_tick)
+        dispatch(make_packs(plan_order, set(mlflow_ids)), launch, limit, on_done, on_tick)

@@ -152,6 +152,11 @@ class ResourcesSpec(_Strict):
     gpus_per_worker: float = Field(default=0.0, ge=0)
     zero_stage: Literal[0, 1, 2, 3] = 2
     max_retries: int = Field(default=1, ge=0)
+    # Runs trained back to back by one Ray Train worker group. Starting a group (controller,
+    # worker processes, process group, imports) costs ~10-15 s on CPU, which dominates runs of
+    # a minute or two; packing amortises it. Packs are fixed by the plan, so a resubmitted
+    # study finds each pack's checkpoints again.
+    runs_per_trainer: int = Field(default=1, ge=1)
 
 
 class Study(_Strict):

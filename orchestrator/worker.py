@@ -28,7 +28,7 @@ import torch
 from .optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
 from .planner import RunSpec
 from .progress import report_progress
-from .tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_RUNNING, MetricBuffer, client_for, last_logged_step, set_status
+from .tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_RUNNING, MetricBuffer, client_for, last_logged_step, run_status, set_status
 
 # Fault injection for the resume tests: the worker process dies hard (as a preempted node
 # would) right after this optimizer step, on its first attempt only (no checkpoint restored).
@@ -68,8 +68,9 @@ class RunLoop:
     """One worker's share of a run. ``rank``/``world_size`` come from the Ray Train context."""
 
     def __init__(self, run: RunSpec, data_path: str, tracking_uri: str, mlflow_run_id: str,
-                 rank: int, world_size: int, board: str | None = None):
+                 rank: int, world_size: int, board: str | None = None, first_attempt: bool = True):
         self.run, self.rank, self.world = run, rank, world_size
+        self.first_attempt = first_attempt  # no checkpoint existed when the worker group started
         self.data_path, self.tracking_uri, self.mlflow_run_id, self.board = data_path, tracking_uri, mlflow_run_id, board
         self.dist = _Dist()
         self.on_gpu = torch.cuda.is_available() and run.resources.gpus_per_worker > 0
@@ -102,12 +103,15 @@ class RunLoop:
         """Load the latest Ray Train checkpoint, if any; return the loop state it holds."""
         import ray.train
 
+        fresh = {"step": 0, "wall_s": 0.0, "evals": 0}
         ckpt = ray.train.get_checkpoint() if _in_ray_train() else None
         if ckpt is None:
-            return {"step": 0, "wall_s": 0.0, "evals": 0}
+            return fresh
         with ckpt.as_directory() as d:
-            self.engine.load_checkpoint(d, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
             state = json.loads((Path(d) / STATE_FILE).read_text())
+            if state.get("run_id") != self.run.run_id:  # another run of the same pack
+                return fresh
+            self.engine.load_checkpoint(d, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
         if state["mlflow_run_id"] != self.mlflow_run_id:
             # The checkpoint is the record of truth: continue the MLflow run it was writing.
             self.mlflow_run_id = state["mlflow_run_id"]
@@ -118,17 +122,22 @@ class RunLoop:
         x, y = self.train_loader.xy(step, self.rank, self.world)
         mb = self.geom.micro_batch
         losses = []
+        own_norm = None
         for i in range(self.geom.grad_accum):
             xb = x[i * mb:(i + 1) * mb].to(self.device)
             yb = y[i * mb:(i + 1) * mb].to(self.device)
             with self.autocast:
                 _, loss = self.engine(xb, yb)
             self.engine.backward(loss)
+            if i == self.geom.grad_accum - 1 and self.run.resources.zero_stage == 0:
+                # DeepSpeed's fp32 ZeRO-0 path clips without keeping the norm; the gradients
+                # are already averaged over ranks here, so every rank gets the global norm.
+                own_norm = _grad_norm(self.engine.module)
             self.engine.step()
             losses.append(loss.detach().float().item())
         (loss_sum,) = self.dist.sum([sum(losses) / len(losses)], self.device)
         gn = self.engine.get_global_grad_norm()
-        grad_norm = float(gn) if gn is not None else float("nan")
+        grad_norm = float(gn) if gn is not None else own_norm if own_norm is not None else float("nan")
         return loss_sum / self.world, grad_norm
 
     @torch.no_grad()
@@ -159,6 +168,17 @@ class RunLoop:
         self.engine.train()
         return out
 
+    def _ended_earlier(self) -> str | None:
+        """``finished``/``failed`` if an earlier attempt of this worker group already ended
+        the run (packs: a retry starts again at the pack's first run), else None. Rank 0
+        reads MLflow; every rank gets its answer."""
+        code = 0.0
+        if self.rank == 0:
+            status = run_status(client_for(self.tracking_uri).get_run(self.mlflow_run_id))
+            code = {STATUS_FINISHED: 1.0, STATUS_FAILED: 2.0}.get(status, 0.0)
+        (code,) = self.dist.sum([code], self.device)
+        return {1.0: STATUS_FINISHED, 2.0: STATUS_FAILED}.get(code)
+
     def _checkpoint(self, state: dict[str, Any], metrics: dict[str, float]) -> dict[str, float]:
         """Save every rank's shard and the loop state as one Ray Train checkpoint.
 
@@ -185,6 +205,9 @@ class RunLoop:
     def run_loop(self) -> str:
         """Train to the planned budget; returns the final status (finished / failed)."""
         self._build()
+        ended = self._ended_earlier()
+        if ended:
+            return ended
         state = self._restore()
         r = self.run
         tps = r.train.tokens_per_step
@@ -200,7 +223,7 @@ class RunLoop:
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         t_last, tok_last = time.perf_counter(), step * tps
         peak = _peak_flops()
-        kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0")) if state["step"] == 0 else 0
+        kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0")) if self.first_attempt else 0
         self.engine.train()
         while step < r.steps:
             if kill_at and step == kill_at:
@@ -253,6 +276,12 @@ class RunLoop:
         return STATUS_FINISHED
 
 
+def _grad_norm(module: torch.nn.Module) -> float:
+    """2-norm over every parameter's gradient (as torch.nn.utils.clip_grad_norm_ computes it)."""
+    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
 def _rank_slice(batches: Iterator[tuple[torch.Tensor, torch.Tensor]], rank: int, world: int):
     """Each rank takes every world-th row of every global eval batch (equal counts per rank)."""
     for x, y in batches:
@@ -273,14 +302,26 @@ def _in_ray_train() -> bool:
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train entry point. ``config``: run (RunSpec as dict), data_path, tracking_uri,
-    mlflow_run_id, board (progress actor name or None)."""
+    """Ray Train entry point: train a pack of runs back to back.
+
+    ``config``: runs (a list of {run: RunSpec as dict, data_path, mlflow_run_id}),
+    tracking_uri, board (progress actor name or None). A run that ends (finished, or failed
+    by divergence) never stops the pack; a crash does, and Ray's FailureConfig restarts the
+    group, which skips the runs already ended and resumes the checkpointed one."""
+    import gc
+
     import ray.train
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     ctx = ray.train.get_context()
-    loop = RunLoop(RunSpec.model_validate(config["run"]), config["data_path"], config["tracking_uri"],
-                   config["mlflow_run_id"], ctx.get_world_rank(), ctx.get_world_size(), config.get("board"))
-    status = loop.run_loop()
-    ray.train.report({"status": status, "tokens": loop.run.tokens if status == STATUS_FINISHED else -1})
+    first_attempt = ray.train.get_checkpoint() is None
+    statuses = []
+    for item in config["runs"]:
+        loop = RunLoop(RunSpec.model_validate(item["run"]), item["data_path"], config["tracking_uri"],
+                       item["mlflow_run_id"], ctx.get_world_rank(), ctx.get_world_size(), config.get("board"),
+                       first_attempt=first_attempt)
+        statuses.append(loop.run_loop())
+        del loop  # free the engine (weights, optimizer states) before the next run builds its own
+        gc.collect()
+    ray.train.report({"finished": sum(s == STATUS_FINISHED for s in statuses), "runs": len(statuses)})
