@@ -226,6 +226,8 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
     ratios = [token_ratio(s, v, reference, finals, ppl_curves, n_boot=n_boot, rng=rng).to_dict() for s in scales for v in others]
     final_table = _final_table(finals, scales, variants, reference)
     std = C.seed_std(finals)
+    cost = _in_order(C.paired_cost(finals, reference), scales, variants)
+    attention = _in_order(C.final_attention(finals, metrics), scales, variants)
     scaling = scaling_analysis(finals, reference, n_boot=max(50, n_boot // 5), rng=rng)
     status = _run_status(finals, expected)
 
@@ -250,6 +252,10 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
             "flop_ratio": head["flop_ratio"]["value"] if head else None,
             "wall_ratio": head["wall_ratio"]["value"] if head else None,
             "ratios": rs,
+            # per run at the planned budget, paired by seed with the reference (not at equal perplexity)
+            "run_wall_ratio": {r.variant: _num(r.wall_ratio) for r in cost[cost["scale"] == s].itertuples()},
+            "time_per_token_ratio": {r.variant: _num(r.time_per_token_ratio) for r in cost[cost["scale"] == s].itertuples()},
+            "effective_rank": {r.variant: _num(r.effective_rank) for r in attention[attention["scale"] == s].itertuples()},
         }
         per_scale.append(entry)
 
@@ -281,6 +287,8 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
         "final_ppl": final_table,
         "token_ratio": ratio_table,
         "seed_std": std,
+        "cost": cost,
+        "attention": attention,
         "runs": finals[[c for c in run_cols if c in finals.columns]],
         "issues": status["table"],
     }
@@ -312,6 +320,12 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
         return [p for p in made if p is not None]
 
     return summary, tables, figures
+
+
+def _in_order(df: pd.DataFrame, scales: list[str], variants: list[str]) -> pd.DataFrame:
+    """Rows sorted by scale (by N) then variant (reference first), as every other table."""
+    key = {(s, v): (i, j) for i, s in enumerate(scales) for j, v in enumerate(variants)}
+    return df.iloc[sorted(range(len(df)), key=lambda i: key.get((df["scale"].iat[i], df["variant"].iat[i]), (1e9, 1e9)))].reset_index(drop=True)
 
 
 def _final_table(finals: pd.DataFrame, scales: list[str], variants: list[str], reference: str) -> pd.DataFrame:

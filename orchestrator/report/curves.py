@@ -84,3 +84,45 @@ def seed_std(finals: pd.DataFrame) -> pd.DataFrame:
     f = finals[(finals["extend"] == 1.0) & finals["complete"]]
     g = f.groupby(["scale", "variant"], sort=True)["final_ppl"]
     return g.agg(mean="mean", std="std", n_seeds="size").reset_index()
+
+
+def _planned_complete(finals: pd.DataFrame) -> pd.DataFrame:
+    return finals[(finals["extend"] == 1.0) & finals["complete"]]
+
+
+def paired_cost(finals: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """Training wall-clock of each variant's planned (x1) runs against the reference's run of
+    the same scale and seed: same corpus, seed and (FLOP-matched studies) FLOP budget.
+
+    time/wall_s counts the seconds of training steps only (evals and checkpoints excluded).
+    Columns: scale, variant, wall_s (seed mean, seconds), wall_ratio and wall_ratio_std (run
+    over the reference's run: mean and std over seeds), time_per_token_ratio and
+    time_per_token_ratio_std (seconds per token over the reference's), n_pairs.
+    """
+    f = _planned_complete(finals)
+    f = f[np.isfinite(f["final_wall_s"]) & (f["final_wall_s"] > 0)]
+    ref = f[f["variant"] == reference][["scale", "seed", "final_wall_s", "tokens"]]
+    m = f.merge(ref.rename(columns={"final_wall_s": "ref_wall_s", "tokens": "ref_tokens"}), on=["scale", "seed"])
+    m["wall_ratio"] = m["final_wall_s"] / m["ref_wall_s"]
+    m["tpt_ratio"] = (m["final_wall_s"] / m["tokens"]) / (m["ref_wall_s"] / m["ref_tokens"])
+    g = m.groupby(["scale", "variant"], sort=True)
+    return g.agg(wall_s=("final_wall_s", "mean"), wall_ratio=("wall_ratio", "mean"), wall_ratio_std=("wall_ratio", "std"),
+                 time_per_token_ratio=("tpt_ratio", "mean"), time_per_token_ratio_std=("tpt_ratio", "std"),
+                 n_pairs=("wall_ratio", "size")).reset_index()
+
+
+ATTENTION_KEYS = {"effective_rank": "attn/effective_rank", "entropy": "attn/entropy"}
+
+
+def final_attention(finals: pd.DataFrame, metrics: pd.DataFrame, keys: dict[str, str] | None = None) -> pd.DataFrame:
+    """Attention diagnostics at the last eval of each planned (x1) finished run, over seeds.
+
+    Columns: scale, variant, then for each name in ``keys`` (column -> metric key, see
+    model.diagnostics) its seed mean and ``<name>_std``; n_seeds. Metrics never logged give NaN.
+    """
+    f = _planned_complete(finals)[["run_uuid", "scale", "variant"]].copy()
+    agg: dict[str, tuple[str, str]] = {}
+    for name, key in (keys or ATTENTION_KEYS).items():
+        f[name] = _last(metrics, key).reindex(f["run_uuid"]).to_numpy()
+        agg[name], agg[f"{name}_std"] = (name, "mean"), (name, "std")
+    return f.groupby(["scale", "variant"], sort=True).agg(**agg, n_seeds=("run_uuid", "size")).reset_index()

@@ -156,6 +156,33 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
             ["seed_std.png", "attention.png"],
         )
     )
+    ct, at = tables["cost"], tables["attention"].set_index(["scale", "variant"])
+
+    def _pm(m, sd, spec):
+        return "—" if m is None or m != m else _fmt(m, spec) + ("" if sd != sd else f" ± {_fmt(sd, spec)}")
+
+    cost_rows = []
+    for r in ct.itertuples():
+        a = at.loc[(r.scale, r.variant)] if (r.scale, r.variant) in at.index else None
+        cost_rows.append({
+            "scale": r.scale, "variant": r.variant, "train wall-clock (s)": _fmt(r.wall_s, ".1f"),
+            "wall-clock vs reference": _pm(r.wall_ratio, r.wall_ratio_std, ".3f"),
+            "time/token vs reference": _pm(r.time_per_token_ratio, r.time_per_token_ratio_std, ".3f"),
+            "effective rank": "—" if a is None else _pm(a["effective_rank"], a["effective_rank_std"], ".2f"),
+            "attention entropy (nats)": "—" if a is None else _pm(a["entropy"], a["entropy_std"], ".3f"),
+            "seeds": int(r.n_pairs),
+        })
+    out.append(
+        Section(
+            "Cost and attention at the planned budget",
+            [f"Per planned (x1) run, paired by seed with `{ref}`'s run of the same scale: training wall-clock "
+             "(seconds of optimizer steps, evals excluded) and its ratio, seconds per token and its ratio (mean ± std "
+             "over seeds); in a FLOP-matched study the wall-clock ratio is at equal FLOPs. Effective rank and entropy "
+             "of the attention maps at the last eval (model.diagnostics; mean over layers and heads); the paper finds "
+             "coupling raises the effective rank."],
+            pd.DataFrame(cost_rows) if cost_rows else None,
+        )
+    )
     issues = tables["issues"]
     out.append(
         Section(

@@ -165,7 +165,8 @@ def test_paper_numbers_printed_beside_matching_scales(store, tmp_path):
     spec = SyntheticStudy(study="paper-scales", scales={"cpu-xs": 6e5, "60m": 2.5e7}, seeds=(0, 1), extend=(3.0,), n_eval=5)
     write_synthetic_study(spec, store)
     build_report(spec.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
-    rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip(): line for line in (tmp_path / "r" / "report.md").read_text().splitlines() if line.startswith("| ") and "±" in line}
+    final_section = (tmp_path / "r" / "report.md").read_text().split("## Paper reference numbers")[0]
+    rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip(): line for line in final_section.splitlines() if line.startswith("| ") and "±" in line}
     assert "24.22" in rows["60m/standard"] and "22.55-22.62" in rows["60m/coupled"]
     assert "nan" not in rows["cpu-xs/coupled"] and "—" in rows["cpu-xs/coupled"]
 
@@ -188,3 +189,22 @@ def test_two_corpora_are_reported_separately(store, tmp_path):
     assert "[code](code/report.md)" in index and "| web | xs |" in index
     one = build_report("two-corpora", store, tmp_path / "web", corpus="web", log_to_mlflow=False)
     assert [s["corpus"] for s in one["scales"]] == ["web"]
+
+
+def test_cost_and_attention_tables_pair_runs_by_seed(main_report):
+    """Synthetic non-reference variants run 1.1x slower per token on the same tokens and end
+    with effective rank 35 against the reference's 30 (orchestrator.report.synthetic)."""
+    summary, out = main_report
+    for s in summary["scales"]:
+        assert s["time_per_token_ratio"]["standard"] == pytest.approx(1.0)
+        assert s["time_per_token_ratio"]["coupled"] == pytest.approx(1.1, rel=1e-6)
+        assert s["run_wall_ratio"]["coupled"] == pytest.approx(1.1, rel=1e-6)
+        assert s["effective_rank"] == pytest.approx({v: 30.0 if v == "standard" else 35.0 for v in s["effective_rank"]})
+    cost = pd.read_csv(out / "cost.csv")
+    assert set(cost["variant"]) == {"standard", "coupled", "uncoupled_mlp"}
+    assert list(cost["scale"].drop_duplicates()) == ["xs", "s", "m"]
+    assert cost["time_per_token_ratio_std"].abs().max() < 1e-9  # the synthetic slowdown is exact for every seed
+    att = pd.read_csv(out / "attention.csv")
+    assert (att["n_seeds"] <= 3).all() and att.loc[att["variant"] == "standard", "entropy"].round(6).eq(2.5).all()
+    md = (out / "report.md").read_text()
+    assert "## Cost and attention at the planned budget" in md and "1.100 ± 0.000" in md
