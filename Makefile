@@ -31,7 +31,7 @@ bench: install
 	$(BIN)/python -m model.bench
 	$(BIN)/python -m data_pipeline.bench
 	$(BIN)/python -m orchestrator.report.bench
-	$(BIN)/python -m orchestrator.bench --training
+	$(BIN)/python -m orchestrator.bench --training --startup
 
 clean:
 	rm -rf runs .pytest_cache

@@ -7,7 +7,9 @@ median of several repeats of ``parse_spec`` + ``plan`` in one process, after one
 
     python -m orchestrator.bench [--repeats 5] [--training]
 
-``--training`` also times cpu-s training through the whole stack with 1 and 2 workers.
+``--training`` also times cpu-s training through the whole stack with 1 and 2 workers;
+``--startup`` times a study of tiny runs with one Ray Train worker group per run against one
+group for all of them (``resources.runs_per_trainer``): the per-run start-up cost.
 """
 
 from __future__ import annotations
@@ -85,6 +87,37 @@ def bench_training(steps: int = 60) -> list[dict]:
     return rows
 
 
+def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
+    """Seconds per run of a study of ``n_runs`` cpu-xs runs of ``steps`` optimizer steps each
+    (training itself takes about a second), with runs_per_trainer 1 and ``n_runs``: what
+    starting a Ray Train worker group costs. Local Ray started once, data cached, 1 worker x 2 CPUs."""
+    import tempfile
+
+    import ray
+    from rich.console import Console
+
+    from .runner import run_runs
+
+    tmp = Path(tempfile.mkdtemp(prefix="qkstudy-bench-"))
+    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
+    rows = []
+    try:
+        for per in (1, n_runs):
+            name = f"bench-startup-{per}"
+            study = parse_spec({"name": name, "scales": ["cpu-xs"], "variants": ["standard", "coupled"],
+                                "seeds": list(range((n_runs + 1) // 2)), "tokenizer": {"vocab_size": 2048},
+                                "budget": {"mode": "tokens", "tokens": steps * 2048},
+                                "eval": {"num_evals": 1, "max_windows": 8, "final_max_windows": 8, "diagnostics": False},
+                                "resources": {"workers": 1, "cpus_per_worker": 2, "zero_stage": 0, "runs_per_trainer": per}})
+            runs = plan(study)[:n_runs]
+            res = run_runs(runs, name, f"sqlite:///{tmp / name / 'mlflow.db'}", str(tmp / name / "ray"), console=Console(quiet=True))
+            assert res.ok, res.reasons
+            rows.append({"runs_per_trainer": per, "runs": len(runs), "study_s": res.wall_s, "per_run_s": res.wall_s / len(runs)})
+    finally:
+        ray.shutdown()
+    return rows
+
+
 def _append(out: Path, text: str) -> None:
     old = out.read_text() if out.exists() else "# Benchmarks\n"
     tmp = out.with_suffix(".md.tmp")
@@ -96,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--training", action="store_true", help="also time cpu-s training with 1 and 2 workers")
+    ap.add_argument("--startup", action="store_true", help="also time per-run start-up, one worker group per run vs one for all")
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = ap.parse_args(argv)
     from model.bench import machine_description
@@ -111,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
                 "| workers x CPUs | tokens/s (median) | checkpoint (MB, all ranks) | save (s) | persist (s) |\n|---|---:|---:|---:|---:|\n")
         row += "".join(f"| {r['workers']} x {r['cpus_per_worker']} | {r['tokens_per_s']:,.0f} | {r['checkpoint_mb']:.1f} | "
                        f"{r['save_s']:.3f} | {r['persist_s']:.3f} |\n" for r in rows)
+    if args.startup:
+        rows = bench_startup()
+        row += (f"\n## Per-run start-up: Ray Train worker groups (cpu-xs runs of 4 steps, 1 worker x 2 CPUs, ZeRO-0)\n\n"
+                f"{dt.date.today().isoformat()} - {machine_description()} - `python -m orchestrator.bench --startup`\n\n"
+                "| runs_per_trainer | runs | study seconds (data cached, Ray up) | seconds per run |\n|---:|---:|---:|---:|\n")
+        row += "".join(f"| {r['runs_per_trainer']} | {r['runs']} | {r['study_s']:.1f} | {r['per_run_s']:.1f} |\n" for r in rows)
     print(row)
     _append(args.out, row)
     return 0
