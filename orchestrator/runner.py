@@ -363,6 +363,13 @@ def _launch_and_watch(study_name: str, plan_order: list[RunSpec], todo: list[tup
     live = console.is_terminal
     last_line = [time.time()]
     done_tokens: dict[str, int] = {}
+    announced: set[str] = set()  # runs whose "finished" line is out (a pack's runs end one by one)
+
+    def announce(run_id: str, tokens: int) -> None:
+        if not live and run_id not in announced:
+            announced.add(run_id)
+            console.print(f"finished {names[run_id]} ({tokens:,} tokens) [{len(announced)}/{len(order)}]")
+
     with Progress(TextColumn("{task.description}", justify="left"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False,
                   disable=not live) as bar:
@@ -382,6 +389,8 @@ def _launch_and_watch(study_name: str, plan_order: list[RunSpec], todo: list[tup
                     loss = f" loss {s['loss']:.3f}" if "loss" in s else ""
                     bar.update(tasks[run_id], completed=s.get("tokens", 0), info=f"{s.get('state', '')}{loss}")
                     done_tokens[run_id] = s.get("tokens", 0)
+                    if s.get("state") == "finished":
+                        announce(run_id, s.get("tokens", 0))
             bar.update(overall, completed=sum(done_tokens.values()))
             if not live and time.time() - last_line[0] > 30:
                 last_line[0] = time.time()
@@ -405,8 +414,7 @@ def _launch_and_watch(study_name: str, plan_order: list[RunSpec], todo: list[tup
             else:
                 done_tokens[run.run_id] = run.tokens
                 bar.update(tasks[run.run_id], completed=run.tokens, info="[green]finished[/]")
-                if not live:
-                    console.print(f"finished {run.run_name} ({run.tokens:,} tokens)")
+                announce(run.run_id, run.tokens)
             bar.update(overall, completed=sum(done_tokens.values()))
 
         dispatch(make_packs(plan_order, set(mlflow_ids)), launch, limit, on_done, on_tick)

@@ -177,6 +177,8 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     res = _run_study_cli(_study_file(tmp_path, "p", 2), packed, {**env, "QKSTUDY_TEST_KILL_AT_STEP": "25"})
     assert res.returncode == 0, res.stderr[-3000:]
+    # a log (not a terminal) gets one line per run as it ends, not only when its pack ends
+    assert sum(line.startswith("finished ") for line in res.stderr.splitlines()) == 2 and "[2/2]" in res.stderr
     assert [p.name[:5] for p in (packed / "runs/p/ray").iterdir() if p.is_dir()] == ["pack-"]
 
     def runs(d):
