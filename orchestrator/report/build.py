@@ -138,12 +138,16 @@ def _build_per_corpus(study: str, tracking_uri: str, out_dir: str | os.PathLike,
                "reports": {c: f"{c}/report.md" for c in corpora}}
     lines = [f"# qkstudy report: {study}", "", "One report per corpus (scales are not pooled across corpora):", ""]
     lines += [f"- [{c}]({c}/report.md) ([html]({c}/report.html))" for c in corpora]
-    rows = ["", "| corpus | scale | token ratio | censored | " + " | ".join(f"{v} ppl" for v in _variants(summary)) + " |",
-            "|---|---|---|---|" + "---|" * len(_variants(summary))]
+    rows = ["", "Token ratio of each scale's headline variant (`<B`/`>B`: censored at the measured range), "
+            "seed-mean final perplexity per variant.", "",
+            "| corpus | scale | variant | token ratio | 95% interval | " + " | ".join(f"{v} ppl" for v in _variants(summary)) + " |",
+            "|---|---|---|---|---|" + "---|" * len(_variants(summary))]
     for s_ in summary["scales"]:
-        ratio = "n/a" if s_.get("token_ratio") is None else f"{s_['token_ratio']:.2f}x"
+        head = s_.get("ratios", {}).get(s_.get("target")) or {}
+        interval = head.get("interval_display", "n/a")
         ppl = " | ".join(f"{s_['final_ppl'][v]:.2f}" if v in s_.get("final_ppl", {}) else "-" for v in _variants(summary))
-        rows.append(f"| {s_['corpus']} | {s_['scale']} | {ratio} | {s_.get('censored')} | {ppl} |")
+        rows.append(f"| {s_['corpus']} | {s_['scale']} | {s_.get('target') or '-'} | {s_.get('token_ratio_display', 'n/a')} "
+                    f"| {interval} | {ppl} |")
     for name, text in (("report.md", "\n".join(lines + rows) + "\n"), ("summary.json", json.dumps(_jsonable(summary), indent=2))):
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)

@@ -60,6 +60,10 @@ class RatioResult:
     ci_note: str | None = None
     ci_low_censored: bool = False
     ci_high_censored: bool = False
+    # Which bound an interval end sits on: '<' (the reference's x1 run was already better),
+    # '>' (its longest run never got there) or '' (inside the measured range).
+    ci_low_side: str = ""
+    ci_high_side: str = ""
     n_boot: int = 0
     boot_censored_frac: float | None = None
     target_ppl: float | None = None
@@ -77,8 +81,8 @@ class RatioResult:
         if self.boot_censored_frac == 1.0:
             return "censored in every draw"
         # An end that sits on the measured range's bound is itself censored.
-        lo = f"{'<' if self.ci_low_censored else ''}{self.ci_low:.2f}"
-        hi = f"{'>' if self.ci_high_censored else ''}{self.ci_high:.2f}"
+        lo = f"{self.ci_low_side}{self.ci_low:.2f}"
+        hi = f"{self.ci_high_side}{self.ci_high:.2f}"
         return f"[{lo}, {hi}]"
 
     def to_dict(self) -> dict:
@@ -228,14 +232,25 @@ def token_ratio(
     boot, cens = d_draws / d_c, sides != ""
     a = (1.0 - level) / 2.0
     res.ci_low, res.ci_high = (float(v) for v in np.quantile(boot, [a, 1.0 - a], method="inverted_cdf"))
-    res.ci_low_censored = bool((cens & (boot <= res.ci_low)).any())
-    res.ci_high_censored = bool((cens & (boot >= res.ci_high)).any())
+    # An end is a bound only when the draw at that percentile is itself censored (a few
+    # censored draws beyond an interior percentile do not make it one).
+    res.ci_low_side = _end_side(sides, boot == res.ci_low, first="<")
+    res.ci_high_side = _end_side(sides, boot == res.ci_high, first=">")
+    res.ci_low_censored, res.ci_high_censored = res.ci_low_side != "", res.ci_high_side != ""
     res.n_boot = n_boot
     res.boot_censored_frac = float(cens.mean())
     if cens.any():
         notes.append(f"{cens.mean():.0%} of bootstrap draws censored at the measured range")
     res.ci_note = "; ".join(notes) or None
     return res
+
+
+def _end_side(sides: np.ndarray, at_end: np.ndarray, first: str) -> str:
+    """Censoring mark of an interval end: the side of the censored draws equal to it (the
+    percentile is one of the draws), else ''. An end can carry either mark: when nearly every
+    draw is below the measured range, the upper end is '<' too."""
+    marks = set(sides[at_end]) - {""}
+    return first if first in marks else (marks.pop() if marks else "")
 
 
 def _pooled_sd(groups: list[np.ndarray]) -> tuple[float, int] | None:

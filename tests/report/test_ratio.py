@@ -94,3 +94,41 @@ def test_bootstrap_interval_covers_truth_at_nominal_rate_with_three_seeds():
         hits.append(r.ci_low <= 2.4 <= r.ci_high)
     # Resampling 3 seeds with replacement covers ~75% (30/40); the interval must do better.
     assert sum(hits) >= 36
+
+
+def test_interval_ends_carry_the_side_they_are_censored_on():
+    """A variant far worse than the reference's x1 run: nearly every draw is censored below,
+    so both ends of the interval are upper bounds ('<'), never '>' (the reference's longest run
+    reached it easily)."""
+    from orchestrator.report.ratio import token_ratio
+    from orchestrator.report.synthetic import SyntheticStudy
+
+    study = SyntheticStudy(scales={"xs": 2e6}, seeds=(0, 1, 2), variants={"standard": 1.0, "worse": 0.5})
+    rng = np.random.default_rng(0)
+    r = token_ratio("xs", "worse", "standard", _finals(study, "xs", rng), n_boot=200, rng=rng)
+    assert r.token_ratio.censored and r.token_ratio.display().startswith("<")
+    assert (r.ci_low_side, r.ci_high_side) == ("<", "<")
+    assert r.interval_display() in ("censored in every draw", f"[<{r.ci_low:.2f}, <{r.ci_high:.2f}]")
+    # and a variant far better than the longest reference run: both ends '>'
+    study = SyntheticStudy(scales={"xs": 2e6}, seeds=(0, 1, 2), variants={"standard": 1.0, "better": 6.0})
+    r = token_ratio("xs", "better", "standard", _finals(study, "xs", rng), n_boot=200, rng=rng)
+    assert r.token_ratio.display().startswith(">") and (r.ci_low_side, r.ci_high_side) == (">", ">")
+
+
+def test_interior_percentile_is_not_marked_censored_by_draws_beyond_it():
+    """The CPU study's stdlib cpu-xs finals (results/cpu-study): coupled's target sits near
+    standard's x1 run, so many bootstrap draws are censored below; its 97.5th percentile is
+    inside the measured range and must print as a plain number (it once printed '>1.49'
+    because some draw beyond it was censored)."""
+    from orchestrator.report.ratio import token_ratio
+
+    ppl = {("coupled", 1.0): [165.408, 164.773, 126.361], ("standard", 1.0): [143.954, 141.273, 128.6],
+           ("standard", 1.5): [103.666, 108.975, 87.188], ("standard", 2.0): [72.987, 87.03, 69.386],
+           ("standard", 3.0): [52.379, 58.247, 50.679]}
+    rows = [dict(scale="cpu-xs", variant=v, seed=i, extend=e, tokens=(159744 if v == "coupled" else 163840 * e),
+                 final_ppl=p, complete=True, flops_per_token=1.0, final_wall_s=1.0)
+            for (v, e), ps in ppl.items() for i, p in enumerate(ps)]
+    r = token_ratio("cpu-xs", "coupled", "standard", pd.DataFrame(rows), n_boot=1000, rng=np.random.default_rng(0))
+    assert r.token_ratio.display() == "<1.03x"
+    assert r.ci_low_side == "<" and r.ci_high_side == "" and 1.03 < r.ci_high < 3.0
+    assert r.interval_display() == f"[<1.03, {r.ci_high:.2f}]"
