@@ -15,12 +15,14 @@ group for all of them (``resources.runs_per_trainer``): the per-run start-up cos
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from .planner import plan
 from .spec import parse_spec
@@ -49,22 +51,31 @@ def bench(repeats: int = 5) -> tuple[int, float]:
     return n, statistics.median(times)
 
 
+@contextlib.contextmanager
+def _local_ray() -> Iterator[Path]:
+    """A local 2-CPU Ray for the training benchmarks and a scratch folder for their stores."""
+    import tempfile
+
+    import ray
+
+    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
+    try:
+        yield Path(tempfile.mkdtemp(prefix="qkstudy-bench-"))
+    finally:
+        ray.shutdown()
+
+
 def bench_training(steps: int = 60) -> list[dict]:
     """cpu-s training through the real stack (local Ray, Ray Train, DeepSpeed ZeRO-2, MLflow)
     with 1 worker x 2 CPUs and 2 workers x 1 CPU: median tokens/s, checkpoint size and times,
     read back from MLflow."""
-    import tempfile
-
-    import ray
     from mlflow.tracking import MlflowClient
     from rich.console import Console
 
     from .runner import run_runs
 
-    tmp = Path(tempfile.mkdtemp(prefix="qkstudy-bench-"))
-    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
     rows = []
-    try:
+    with _local_ray() as tmp:
         for workers, cpus in ((1, 2), (2, 1)):
             name = f"bench-w{workers}"
             study = parse_spec({"name": name, "scales": ["cpu-s"], "variants": ["standard"], "tokenizer": {"vocab_size": 2048},
@@ -82,8 +93,6 @@ def bench_training(steps: int = 60) -> list[dict]:
                          "checkpoint_mb": hist("checkpoint/bytes")[-1] / 1e6,
                          "save_s": statistics.median(hist("checkpoint/save_s")),
                          "persist_s": statistics.median(hist("checkpoint/persist_s"))})
-    finally:
-        ray.shutdown()
     return rows
 
 
@@ -91,17 +100,12 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
     """Seconds per run of a study of ``n_runs`` cpu-xs runs of ``steps`` optimizer steps each
     (training itself takes about a second), with runs_per_trainer 1 and ``n_runs``: what
     starting a Ray Train worker group costs. Local Ray started once, data cached, 1 worker x 2 CPUs."""
-    import tempfile
-
-    import ray
     from rich.console import Console
 
     from .runner import run_runs
 
-    tmp = Path(tempfile.mkdtemp(prefix="qkstudy-bench-"))
-    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
     rows = []
-    try:
+    with _local_ray() as tmp:
         for per in (1, n_runs):
             name = f"bench-startup-{per}"
             study = parse_spec({"name": name, "scales": ["cpu-xs"], "variants": ["standard", "coupled"],
@@ -111,10 +115,9 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
                                 "resources": {"workers": 1, "cpus_per_worker": 2, "zero_stage": 0, "runs_per_trainer": per}})
             runs = plan(study)[:n_runs]
             res = run_runs(runs, name, f"sqlite:///{tmp / name / 'mlflow.db'}", str(tmp / name / "ray"), console=Console(quiet=True))
-            assert res.ok, res.reasons
+            if not res.ok:  # a benchmark of failed runs would time the failure
+                raise RuntimeError(f"start-up benchmark runs did not finish: {res.reasons}")
             rows.append({"runs_per_trainer": per, "runs": len(runs), "study_s": res.wall_s, "per_run_s": res.wall_s / len(runs)})
-    finally:
-        ray.shutdown()
     return rows
 
 

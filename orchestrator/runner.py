@@ -8,8 +8,8 @@ default, ``resources.runs_per_trainer`` back to back otherwise) that owns a Torc
 
 Idempotence: a run whose MLflow record (found by its ``run_id`` tag) is ``finished`` with the
 same data hash is skipped; an unfinished one is resumed: same MLflow run, same Ray Train
-run name (the pack's) and storage path, so Ray Train V2 hands the loop its latest checkpoint. A run whose
-resources can never fit the cluster is reported at once and not launched. A failing run is
+run name (the pack's) and storage path, so Ray Train V2 hands the loop its latest
+checkpoint. A run whose resources can never fit the cluster is reported at once and not launched. A failing run is
 marked failed in MLflow and never takes the study down.
 """
 
@@ -156,8 +156,8 @@ class Pack:
     """Runs trained back to back by one Ray Train worker group (``resources.runs_per_trainer``).
 
     ``name`` is the Ray Train run name, under which the group's checkpoints live: the run id
-    when ``runs_per_trainer`` is 1, else a hash of the ids of every run the plan put in the pack, so a
-    resubmitted study finds the same checkpoints whichever of its runs are already done."""
+    when ``runs_per_trainer`` is 1, else a hash of the ids of every run the plan put in the
+    pack, so a resubmitted study finds the same checkpoints whichever of its runs are done."""
 
     name: str
     runs: tuple[RunSpec, ...]
@@ -213,8 +213,8 @@ def _fit_pack(name: str, items: list[dict], tracking_uri: str, storage_path: str
     out = {}
     for item in items:
         run_id, mlflow_id = item["run"]["run_id"], item["mlflow_run_id"]
-        tags = client.get_run(mlflow_id).data.tags
-        status, reason = run_status(client.get_run(mlflow_id)), tags.get("failure_reason", "")
+        record = client.get_run(mlflow_id)
+        status, reason = run_status(record), record.data.tags.get("failure_reason", "")
         if status != STATUS_FINISHED and not (status == STATUS_FAILED and reason):
             # The group crashed before this run ended (or before it started).
             reason = crash or "the worker group ended before this run did"
@@ -348,8 +348,8 @@ def launch_order(runs: list[RunSpec]) -> list[RunSpec]:
 
 
 def _launch_and_watch(study_name: str, plan_order: list[RunSpec], todo: list[tuple[RunSpec, str]],
-                      datasets: dict[str, dict[str, Any]], uri: str, storage: str, result: StudyResult, console: Console, nodes: list[dict[str, float]],
-                      max_in_flight: int | None) -> None:
+                      datasets: dict[str, dict[str, Any]], uri: str, storage: str, result: StudyResult,
+                      console: Console, nodes: list[dict[str, float]], max_in_flight: int | None) -> None:
     board = get_board(study_name)
     bname = board_name(study_name)
     # One pack per slot the cluster has (a study's runs share one resources block): each pack

@@ -31,7 +31,8 @@ from .progress import report_progress
 from .tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_RUNNING, MetricBuffer, client_for, last_logged_step, run_status, set_status
 
 # Fault injection for the resume tests: the worker process dies hard (as a preempted node
-# would) right after this optimizer step, on its first attempt only (no checkpoint restored).
+# would) right after this optimizer step, on the worker group's first attempt only (no
+# checkpoint existed when it started), so the retry resumes instead of dying again.
 KILL_AT_STEP_ENV = "QKSTUDY_TEST_KILL_AT_STEP"
 STATE_FILE = "qkstudy_state.json"
 CKPT_TAG = "ckpt"
@@ -171,12 +172,13 @@ class RunLoop:
     def _ended_earlier(self) -> str | None:
         """``finished``/``failed`` if an earlier attempt of this worker group already ended
         the run (packs: a retry starts again at the pack's first run), else None. Rank 0
-        reads MLflow; every rank gets its answer."""
+        reads MLflow; every rank gets its answer. Called before the model is built, so a
+        skipped run costs one MLflow read and one all-reduce."""
         code = 0.0
         if self.rank == 0:
             status = run_status(client_for(self.tracking_uri).get_run(self.mlflow_run_id))
             code = {STATUS_FINISHED: 1.0, STATUS_FAILED: 2.0}.get(status, 0.0)
-        (code,) = self.dist.sum([code], self.device)
+        (code,) = self.dist.sum([code], _collective_device(self.on_gpu))
         return {1.0: STATUS_FINISHED, 2.0: STATUS_FAILED}.get(code)
 
     def _checkpoint(self, state: dict[str, Any], metrics: dict[str, float]) -> dict[str, float]:
@@ -204,10 +206,10 @@ class RunLoop:
     # -- the loop --------------------------------------------------------------------------
     def run_loop(self) -> str:
         """Train to the planned budget; returns the final status (finished / failed)."""
-        self._build()
         ended = self._ended_earlier()
         if ended:
             return ended
+        self._build()
         state = self._restore()
         r = self.run
         tps = r.train.tokens_per_step
@@ -274,6 +276,16 @@ class RunLoop:
             set_status(client, self.mlflow_run_id, STATUS_FINISHED, tokens=step * tps)
             report_progress(self.board, r.run_id, tokens=step * tps, planned=r.tokens, state="finished")
         return STATUS_FINISHED
+
+
+def _collective_device(on_gpu: bool) -> torch.device:
+    """The device this worker's collectives use before its engine exists (NCCL needs the
+    worker's own GPU; gloo the CPU)."""
+    if on_gpu and _in_ray_train():
+        from ray.train.torch import get_device
+
+        return get_device()
+    return torch.device("cpu")
 
 
 def _grad_norm(module: torch.nn.Module) -> float:
