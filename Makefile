@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench lint clean
 
 install: $(STAMP)
 
@@ -35,3 +35,8 @@ bench: install
 
 clean:
 	rm -rf runs .pytest_cache
+
+lint: install
+	$(BIN)/python -m pip install -q -r requirements-lint.txt
+	$(BIN)/ruff check model data_pipeline orchestrator tests
+	$(BIN)/mypy

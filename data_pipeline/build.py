@@ -24,8 +24,8 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
-import tempfile
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -58,7 +58,7 @@ class PreparedData:
     manifest: dict = field(hash=False)
 
     @classmethod
-    def from_manifest(cls, path: str, manifest: dict) -> "PreparedData":
+    def from_manifest(cls, path: str, manifest: dict) -> PreparedData:
         tok = manifest.get("tokenizer") or {}
         return cls(path=path, content_hash=manifest["content_hash"], vocab_size=manifest["vocab_size"],
                    eod_id=manifest["eod_id"],

@@ -61,7 +61,7 @@ class MQARConfig(_Strict):
         return out
 
     @model_validator(mode="after")
-    def _check_fits(self) -> "MQARConfig":
+    def _check_fits(self) -> MQARConfig:
         r = self.resolved()
         if r["num_kv_pairs"] > r["vocab_size"] // 2 - 1:
             raise ValueError(f"num_kv_pairs={r['num_kv_pairs']} needs vocab_size >= {2 * r['num_kv_pairs'] + 2} "
@@ -75,7 +75,7 @@ class MQARConfig(_Strict):
 class MixtureComponent(_Strict):
     """One weighted component of a `mixture` corpus (documents are sampled in proportion to weight)."""
 
-    corpus: "CorpusConfig"
+    corpus: CorpusConfig
     weight: float = Field(gt=0.0)
 
 
@@ -116,7 +116,7 @@ class CorpusConfig(_Strict):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _check_source_fields(self) -> "CorpusConfig":
+    def _check_source_fields(self) -> CorpusConfig:
         s = self.source
         if s in ("text", "jsonl", "parquet") and not self.paths:
             raise ValueError(f"paths: required for source '{s}'")

@@ -15,7 +15,7 @@ overlap within a step, and a run restarted at step k reads exactly what it would
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa

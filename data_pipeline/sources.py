@@ -19,9 +19,9 @@ import os
 import re
 import sys
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow.fs as pafs

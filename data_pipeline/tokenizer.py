@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import sentencepiece as spm

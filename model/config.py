@@ -54,7 +54,7 @@ class ModelConfig(BaseModel):
     dt_init: float = 0.1
 
     @model_validator(mode="after")
-    def _check_shapes(self) -> "ModelConfig":
+    def _check_shapes(self) -> ModelConfig:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if self.variant in ("differential", "coupled_differential") and self.n_head % 2:

@@ -21,11 +21,11 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-from .planner import plan
-from .spec import parse_spec
+from orchestrator.plan.planner import plan
+from orchestrator.plan.spec import parse_spec
 
 STUDY = {
     "name": "bench-200",
@@ -72,7 +72,7 @@ def bench_training(steps: int = 60) -> list[dict]:
     from mlflow.tracking import MlflowClient
     from rich.console import Console
 
-    from .runner import run_runs
+    from orchestrator.run.runner import run_runs
 
     rows = []
     with _local_ray() as tmp:
@@ -102,7 +102,7 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
     starting a Ray Train worker group costs. Local Ray started once, data cached, 1 worker x 2 CPUs."""
     from rich.console import Console
 
-    from .runner import run_runs
+    from orchestrator.run.runner import run_runs
 
     rows = []
     with _local_ray() as tmp:

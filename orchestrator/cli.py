@@ -13,7 +13,6 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -41,8 +40,8 @@ EXIT_INPUT = 2
 
 
 def redact_uri(uri: str) -> str:
-    """Credentials in a URI never reach the terminal (see orchestrator.security)."""
-    from .security import redact_uri as _redact
+    """Credentials in a URI never reach the terminal (see orchestrator.run.security)."""
+    from orchestrator.run.security import redact_uri as _redact
 
     return _redact(uri)
 
@@ -53,13 +52,11 @@ def _input_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from data_pipeline import DataError
-
-        from .planner import PlanError
-        from .spec import SpecError
-
-        from .runner import CorpusError
-        from .security import InsecureAddressError
-        from .status import StudyNotFound
+        from orchestrator.plan.planner import PlanError
+        from orchestrator.plan.spec import SpecError
+        from orchestrator.run.runner import CorpusError
+        from orchestrator.run.security import InsecureAddressError
+        from orchestrator.track.status import StudyNotFound
 
         try:
             return fn(*args, **kwargs)
@@ -79,7 +76,7 @@ def _input_errors(fn):
 
 def _report_error():
     try:
-        from .report import ReportError
+        from orchestrator.report import ReportError
 
         return ReportError
     except ImportError:  # report package not importable: nothing of its kind to catch
@@ -87,12 +84,12 @@ def _report_error():
 
 
 def _load(spec: Path):
-    from .spec import load_spec
+    from orchestrator.plan.spec import load_spec
 
     return load_spec(spec)
 
 
-def _study_uri(study: str, tracking_uri: Optional[str]) -> tuple[str, str]:
+def _study_uri(study: str, tracking_uri: str | None) -> tuple[str, str]:
     """(study name, tracking URI) from a spec path or a study name."""
     p = Path(study)
     if p.suffix in (".yaml", ".yml") or p.is_file():
@@ -106,7 +103,7 @@ def _study_uri(study: str, tracking_uri: Optional[str]) -> tuple[str, str]:
 @_input_errors
 def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> None:
     """Validate a spec; print every error with its file and field path (exit code 2)."""
-    from .planner import plan
+    from orchestrator.plan.planner import plan
 
     s = _load(spec)
     runs = plan(s)  # a spec that cannot be planned is not valid either
@@ -118,7 +115,7 @@ def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> Non
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of a study spec."""
-    from .spec import Study
+    from orchestrator.plan.spec import Study
 
     print(json.dumps(Study.model_json_schema(), indent=2))
 
@@ -127,16 +124,16 @@ def schema() -> None:
 @_input_errors
 def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
              as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list."),
-             write_runs: Optional[Path] = typer.Option(None, "--write-runs", help="Also write each run as DIR/<run_id>.yaml (for `qkstudy train`).")) -> None:
+             write_runs: Path | None = typer.Option(None, "--write-runs", help="Also write each run as DIR/<run_id>.yaml (for `qkstudy train`).")) -> None:
     """Print the compute-matched runs of a study before anything runs."""
-    from .planner import plan
+    from orchestrator.plan.planner import plan
 
     s = _load(spec)
     runs = plan(s)
     if write_runs:
         import yaml
 
-        from .spec import SpecError
+        from orchestrator.plan.spec import SpecError
 
         if write_runs.exists() and not write_runs.is_dir():
             raise SpecError(write_runs, [("", "--write-runs needs a folder, and this is a file")])
@@ -151,7 +148,7 @@ def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
                  "tokens": r.tokens, "steps": r.steps, "total_flops": r.total_flops} for r in runs]
         print(json.dumps(rows, indent=2))
         return
-    from .calibrate import throughput_table
+    from orchestrator.run.calibrate import throughput_table
 
     thr = throughput_table(s) or {}
     hours = {r.run_id: device_hours(r, thr) for r in runs}
@@ -186,12 +183,12 @@ def device_hours(run, throughput: dict) -> float | None:
 @app.command()
 @_input_errors
 def calibrate(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
-              address: Optional[str] = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
+              address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
               repeats: int = typer.Option(3, help="Timed repeats per variant (median).")) -> None:
     """Measure tokens/s of every (scale, variant) on the study's hardware (for wallclock budgets)."""
-    from .calibrate import calibrate as measure
-    from .calibrate import save_calibration
-    from .runner import init_ray
+    from orchestrator.run.calibrate import calibrate as measure
+    from orchestrator.run.calibrate import save_calibration
+    from orchestrator.run.runner import init_ray
 
     s = _load(spec)
     init_ray(address)
@@ -211,14 +208,11 @@ def calibrate(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
 @app.command()
 @_input_errors
 def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
-        address: Optional[str] = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
+        address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs.")) -> None:
     """Run a study: train every planned run not already finished in MLflow."""
-    from .runner import run_study
-    from .spec import check_local_corpus_paths
-
-    from .runner import CorpusError
-    from .spec import SpecError
+    from orchestrator.plan.spec import SpecError, check_local_corpus_paths
+    from orchestrator.run.runner import CorpusError, run_study
 
     s = _load(spec)
     check_local_corpus_paths(s, spec)
@@ -238,17 +232,17 @@ def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
 @app.command()
 @_input_errors
 def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written by `qkstudy plan --write-runs`)."),
-          tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default runs/<study>/mlflow.db)."),
-          storage_path: Optional[str] = typer.Option(None, "--storage", help="Ray Train storage (default runs/<study>/ray)."),
-          address: Optional[str] = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
+          tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default runs/<study>/mlflow.db)."),
+          storage_path: str | None = typer.Option(None, "--storage", help="Ray Train storage (default runs/<study>/ray)."),
+          address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
           verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
     """Train one run, for debugging, on the same code path as `qkstudy run`."""
     import yaml
     from pydantic import ValidationError
 
-    from .planner import RunSpec
-    from .runner import run_runs
-    from .spec import SpecError
+    from orchestrator.plan.planner import RunSpec
+    from orchestrator.plan.spec import SpecError
+    from orchestrator.run.runner import run_runs
 
     data = None
 
@@ -275,20 +269,20 @@ def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written 
 @app.command()
 @_input_errors
 def report(study: str = typer.Argument(..., help="Study name or spec path."),
-           out_dir: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/<study>/report)."),
-           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's store)."),
-           reference: Optional[str] = typer.Option(None, help="Reference variant (default: the spec's, else standard)."),
+           out_dir: Path | None = typer.Option(None, "--out", help="Output folder (default runs/<study>/report)."),
+           tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's store)."),
+           reference: str | None = typer.Option(None, help="Reference variant (default: the spec's, else standard)."),
            target_variant: str = typer.Option("coupled", "--target", help="Variant whose token ratio is the headline."),
-           corpus: Optional[str] = typer.Option(None, help="Only this corpus (default: one report per corpus)."),
+           corpus: str | None = typer.Option(None, help="Only this corpus (default: one report per corpus)."),
            no_log: bool = typer.Option(False, "--no-log", help="Do not log the report as an MLflow run."),
            as_json: bool = typer.Option(False, "--json", help="Print the per-scale summary as JSON.")) -> None:
     """Build the study's report from MLflow alone: curves, token ratio, tables, plots."""
-    from .report import build_report
+    from orchestrator.report import build_report
 
     name, uri = _study_uri(study, tracking_uri)
     ref, expected = reference, None
     if Path(study).is_file():  # the plan says which runs are missing
-        from .planner import plan
+        from orchestrator.plan.planner import plan
 
         spec = _load(Path(study))
         ref = ref or spec.reference
@@ -310,9 +304,9 @@ def report(study: str = typer.Argument(..., help="Study name or spec path."),
 @_input_errors
 def export(study: str = typer.Argument(..., help="Study name or spec path."),
            out_file: Path = typer.Option(..., "--out", help="Parquet file to write."),
-           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri")) -> None:
+           tracking_uri: str | None = typer.Option(None, "--tracking-uri")) -> None:
     """Export a study's runs and metric histories from MLflow as one tidy Parquet table."""
-    from .report import export_study
+    from orchestrator.report import export_study
 
     name, uri = _study_uri(study, tracking_uri)
     export_study(name, uri, out_file)
@@ -323,12 +317,12 @@ def export(study: str = typer.Argument(..., help="Study name or spec path."),
 @_input_errors
 def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the current folder."),
            address: str = typer.Option(..., help="Ray dashboard URL, e.g. https://HEAD:8265."),
-           image: Optional[str] = typer.Option(None, help="Container image for the job (runtime_env image_uri)."),
+           image: str | None = typer.Option(None, help="Container image for the job (runtime_env image_uri)."),
            allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host."),
            no_upload: bool = typer.Option(False, "--no-upload", help="Upload nothing: the cluster has this code (its image) and reads SPEC at the same absolute path (shared storage).")) -> None:
     """Send a study to a Ray cluster through the Job Submission API; print the job id."""
-    from .security import InsecureAddressError
-    from .submit import submit as submit_job
+    from orchestrator.run.security import InsecureAddressError
+    from orchestrator.run.submit import submit as submit_job
 
     try:
         job_id = submit_job(spec, address, image=image, allow_insecure=allow_insecure, upload=not no_upload)
@@ -336,7 +330,7 @@ def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the 
         err.print(f"[red]error[/]: {e}")
         raise typer.Exit(EXIT_INPUT)
     except ValueError as e:
-        from .spec import SpecError
+        from orchestrator.plan.spec import SpecError
 
         if isinstance(e, SpecError):
             raise
@@ -348,19 +342,19 @@ def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the 
 @app.command()
 @_input_errors
 def status(study: str = typer.Argument(..., help="Study name or spec path."),
-           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
-           address: Optional[str] = typer.Option(None, help="Ray dashboard URL: also list the study's Ray jobs."),
+           tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+           address: str | None = typer.Option(None, help="Ray dashboard URL: also list the study's Ray jobs."),
            allow_insecure: bool = typer.Option(False, "--allow-insecure"),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Each run's state from MLflow (and the study's Ray jobs with --address)."""
-    from .status import study_status
+    from orchestrator.track.status import study_status
 
     name, uri = _study_uri(study, tracking_uri)
     planned = _load(Path(study)) if Path(study).is_file() else None
     rows = study_status(name, uri, planned)
     jobs = []
     if address:
-        from .submit import study_jobs
+        from orchestrator.run.submit import study_jobs
 
         jobs = study_jobs(address, name, allow_insecure=allow_insecure)
     if as_json:
@@ -385,7 +379,7 @@ def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy 
          follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep printing until the job ends."),
          allow_insecure: bool = typer.Option(False, "--allow-insecure")) -> None:
     """Print (and follow) a submitted job's logs."""
-    from .submit import follow_logs
+    from orchestrator.run.submit import follow_logs
 
     for chunk in follow_logs(address, job_id, follow=follow, allow_insecure=allow_insecure):
         sys.stdout.write(chunk)
@@ -395,17 +389,17 @@ def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy 
 @data_app.command("prepare")
 @_input_errors
 def data_prepare(source: str = typer.Option("stdlib", help="stdlib | text | jsonl | parquet | hf | mixture | mqar"),
-                 path: Optional[str] = typer.Option(None, help="File, folder, glob or URI of the source."),
-                 out_dir: Optional[str] = typer.Option(None, "--out", help="Cache root for the prepared shards."),
-                 vocab_size: Optional[int] = typer.Option(None, help="Tokenizer vocabulary size."),
-                 tokenizer_kind: Optional[str] = typer.Option(None, "--tokenizer", help="bpe | unigram."),
-                 text_column: Optional[str] = typer.Option(None, help="Text column (jsonl / parquet)."),
-                 document_boundary: Optional[str] = typer.Option(None, help="file | blank_lines | row | wikitext_heading."),
-                 val_fraction: Optional[float] = typer.Option(None, help="Share of documents held out for validation."),
-                 max_documents: Optional[int] = typer.Option(None, help="Keep only the first N documents."),
-                 max_bytes: Optional[int] = typer.Option(None, help="Keep documents up to this many UTF-8 bytes."),
-                 preset: Optional[str] = typer.Option(None, help="MQAR preset: easy | medium | hard."),
-                 num_proc: Optional[int] = typer.Option(None, help="Tokenizer processes (default: all cores)."),
+                 path: str | None = typer.Option(None, help="File, folder, glob or URI of the source."),
+                 out_dir: str | None = typer.Option(None, "--out", help="Cache root for the prepared shards."),
+                 vocab_size: int | None = typer.Option(None, help="Tokenizer vocabulary size."),
+                 tokenizer_kind: str | None = typer.Option(None, "--tokenizer", help="bpe | unigram."),
+                 text_column: str | None = typer.Option(None, help="Text column (jsonl / parquet)."),
+                 document_boundary: str | None = typer.Option(None, help="file | blank_lines | row | wikitext_heading."),
+                 val_fraction: float | None = typer.Option(None, help="Share of documents held out for validation."),
+                 max_documents: int | None = typer.Option(None, help="Keep only the first N documents."),
+                 max_bytes: int | None = typer.Option(None, help="Keep documents up to this many UTF-8 bytes."),
+                 preset: str | None = typer.Option(None, help="MQAR preset: easy | medium | hard."),
+                 num_proc: int | None = typer.Option(None, help="Tokenizer processes (default: all cores)."),
                  ) -> None:
     """Tokenize a corpus into Arrow shards with a manifest (no-op when already prepared)."""
     from data_pipeline.cli_support import prepare_from_args
@@ -421,8 +415,8 @@ def data_prepare(source: str = typer.Option("stdlib", help="stdlib | text | json
 @model_app.command("info")
 def model_info_cmd(preset: str = typer.Option(..., help="Scale preset, e.g. cpu-s or 60m."),
                    variant: str = typer.Option("standard", help="Model variant."),
-                   seq_len: Optional[int] = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
-                   vocab_size: Optional[int] = typer.Option(None, min=1, help="Vocabulary size (default: the preset's)."),
+                   seq_len: int | None = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
+                   vocab_size: int | None = typer.Option(None, min=1, help="Vocabulary size (default: the preset's)."),
                    as_json: bool = typer.Option(False, "--json")) -> None:
     """Parameter counts and FLOPs per token: analytic, and measured with FlopCounterMode."""
     from model.info import model_info

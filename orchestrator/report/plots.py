@@ -14,8 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib import ticker  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 from orchestrator.report.paper import PAPER_NOMINAL_N, PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_variant  # noqa: E402
 

@@ -160,7 +160,7 @@ class MlflowServer(tuple):
     """``(tracking_uri, username, password)``, plus where the server logs and its secrets."""
 
     def __new__(cls, uri: str, username: str, password: str, *, log_path: Path,
-                secrets_in_env: tuple[str, ...]) -> "MlflowServer":
+                secrets_in_env: tuple[str, ...]) -> MlflowServer:
         obj = super().__new__(cls, (uri, username, password))
         obj.log_path = log_path
         obj.secrets_in_env = secrets_in_env

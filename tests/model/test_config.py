@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from model import GPT, PRESETS, VARIANTS, build_config, count_model
 from model.presets import VARIANT_OPTIONS

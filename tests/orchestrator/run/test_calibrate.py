@@ -5,9 +5,9 @@ import json
 import pytest
 import ray
 
-from orchestrator.calibrate import calibrate, load_calibration, save_calibration
-from orchestrator.planner import PlanError, plan
-from orchestrator.spec import parse_spec
+from orchestrator.plan.planner import PlanError, plan
+from orchestrator.plan.spec import parse_spec
+from orchestrator.run.calibrate import calibrate, load_calibration, save_calibration
 
 pytestmark = pytest.mark.slow
 

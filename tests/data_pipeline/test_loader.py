@@ -17,6 +17,7 @@ def _stream(path: str, split: str) -> np.ndarray:
     import os
 
     import pyarrow as pa
+
     from data_pipeline.storage import read_manifest
 
     parts = []

@@ -24,9 +24,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from model import build_config, count_model
-
-from .recipe import BETAS, recipe_for
-from .spec import ResourcesSpec, Study
+from orchestrator.plan.recipe import BETAS, recipe_for
+from orchestrator.plan.spec import ResourcesSpec, Study
 
 # Bump when a code change alters what an unchanged config computes, so old runs re-train.
 IDENTITY_VERSION = 1
@@ -210,7 +209,7 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any]) -> list
             elif study.budget.mode == "flops":
                 d_v = d_ref * ref.flops_per_token / c.flops_per_token
             else:
-                from .calibrate import throughput_table
+                from orchestrator.run.calibrate import throughput_table
 
                 table = throughput_table(study) or {}
                 thr = table.get(scale)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from pathlib import Path
-
-from .tracking import client_for, find_train_runs
+from orchestrator.track.tracking import client_for, find_train_runs
 
 
 class StudyNotFound(ValueError):
@@ -43,7 +42,7 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None) -> list
             "val_ppl": m.get("val/ppl"), "note": t.get("failure_reason", "")[:120],
         })
     if spec is not None:
-        from .planner import plan
+        from orchestrator.plan.planner import plan
 
         for run in plan(spec):
             if run.run_id not in runs:

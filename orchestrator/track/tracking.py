@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient

@@ -26,7 +26,7 @@ def _wikitext_rows(titles: list[str], seed: int) -> list[str]:
     """The HF WikiText-103 layout: one line per row, '' rows, ' = Title = ' starts an article."""
     rows = [""]
     for i, title in enumerate(titles):
-        rows += [f" = {title} = \n", "", f" = = History = = \n", ""]
+        rows += [f" = {title} = \n", "", " = = History = = \n", ""]
         rows += [p + " \n" for p in _paragraphs(4, seed + i)]
         rows += [""]
     return rows

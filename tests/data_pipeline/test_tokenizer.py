@@ -1,10 +1,8 @@
-import numpy as np
 import pytest
 
-from data_pipeline import DataError, TokenizerConfig
+from data_pipeline import CorpusConfig, DataError, TokenizerConfig
 from data_pipeline.encode import encode_documents
 from data_pipeline.sources import load_documents
-from data_pipeline import CorpusConfig
 from data_pipeline.tokenizer import load_tokenizer, train_tokenizer
 
 ODD_TEXT = "  indented\ttab\n\n\nunicode: αβγ → 東京 🙂\r\nend  "

@@ -9,9 +9,9 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from orchestrator.planner import plan
-from orchestrator.runner import capacity, dispatch, launch_order, unschedulable_reason
-from orchestrator.spec import parse_spec
+from orchestrator.plan.planner import plan
+from orchestrator.plan.spec import parse_spec
+from orchestrator.run.runner import capacity, dispatch, launch_order, unschedulable_reason
 
 pytestmark = pytest.mark.slow
 

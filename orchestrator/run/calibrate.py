@@ -18,8 +18,8 @@ from typing import Any
 
 import ray
 
-from .planner import resolve_train
-from .spec import Study
+from orchestrator.plan.planner import resolve_train
+from orchestrator.plan.spec import Study
 
 CALIBRATION_FILE = "calibration.json"
 

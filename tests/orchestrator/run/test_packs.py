@@ -4,9 +4,9 @@ study would not find its checkpoints."""
 
 import pytest
 
-from orchestrator.planner import plan
-from orchestrator.runner import launch_order, make_packs
-from orchestrator.spec import parse_spec
+from orchestrator.plan.planner import plan
+from orchestrator.plan.spec import parse_spec
+from orchestrator.run.runner import launch_order, make_packs
 
 
 def _runs(per_trainer):

@@ -7,7 +7,7 @@ import ray
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.spec import SpecError, load_spec
+from orchestrator.plan.spec import SpecError, load_spec
 
 GOOD = """\
 name: t
@@ -91,12 +91,12 @@ def test_good_spec_defaults(tmp_path):
     assert s.resolved_tracking_uri.startswith("sqlite:///") and s.resolved_tracking_uri.endswith("runs/t/mlflow.db")
 
 
-JOBS = sorted(Path(__file__).resolve().parents[2].joinpath("jobs").glob("*.yaml"))
+JOBS = sorted(Path(__file__).resolve().parents[3].joinpath("jobs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("job", JOBS, ids=[j.stem for j in JOBS])
 def test_every_job_validates_and_plans(job):
-    from orchestrator.planner import plan
+    from orchestrator.plan.planner import plan
 
     runs = plan(load_spec(job))
     assert runs and len({r.run_id for r in runs}) == len(runs)

@@ -1,7 +1,7 @@
 """Study specs: the YAML files in ``jobs/`` parsed into pydantic models.
 
 A spec names only what the study varies (scales, variants, seeds, budget, corpus); the rest
-comes from the recipe (``orchestrator.recipe``) and the model presets. Validation is total
+comes from the recipe (``orchestrator.plan.recipe``) and the model presets. Validation is total
 and happens before anything runs: an unknown variant option fails here, not an hour into a
 cluster job. ``load_spec`` collects every error with its file and field path so the CLI can
 print them all and exit with code 2.
@@ -63,7 +63,7 @@ class VariantSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _kind_known(self) -> "VariantSpec":
+    def _kind_known(self) -> VariantSpec:
         from model import VARIANTS
 
         if self.model_variant not in VARIANTS:
@@ -90,7 +90,7 @@ class BudgetSpec(_Strict):
     throughput: dict[str, float] | None = None
 
     @model_validator(mode="after")
-    def _one_size(self) -> "BudgetSpec":
+    def _one_size(self) -> BudgetSpec:
         if (self.tokens is None) == (self.tokens_per_param is None):
             raise ValueError("give exactly one of budget.tokens or budget.tokens_per_param")
         values = self.tokens.values() if isinstance(self.tokens, dict) else [self.tokens]
@@ -200,8 +200,7 @@ class Study(_Strict):
     @classmethod
     def _scales_known(cls, v: list[str]) -> list[str]:
         from model import PRESETS
-
-        from .recipe import RECIPES
+        from orchestrator.plan.recipe import RECIPES
 
         for s in v:
             if s not in PRESETS or s not in RECIPES:
@@ -235,7 +234,7 @@ class Study(_Strict):
         return {c.source: c}
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Study":
+    def _cross_checks(self) -> Study:
         if self.corpus is not None and self.corpora is not None:
             raise ValueError("give either corpus (one) or corpora (name -> corpus), not both")
         for name in self.corpora or {}:

@@ -18,20 +18,31 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .planner import RunSpec, plan
-from .progress import board_name, get_board
-from .security import redact_uri
-from .spec import Study
-from .tracking import (KIND_TAG, STATUS_FAILED, STATUS_QUEUED, STATUS_FINISHED, client_for, create_run, ensure_experiment, find_train_runs,
-                       run_status, set_status)
+from orchestrator.plan.planner import RunSpec, plan
+from orchestrator.plan.spec import Study
+from orchestrator.run.progress import board_name, get_board
+from orchestrator.run.security import redact_uri
+from orchestrator.track.tracking import (
+    KIND_TAG,
+    STATUS_FAILED,
+    STATUS_FINISHED,
+    STATUS_QUEUED,
+    client_for,
+    create_run,
+    ensure_experiment,
+    find_train_runs,
+    run_status,
+    set_status,
+)
 
 
 @dataclass
@@ -186,7 +197,7 @@ def _fit_pack(name: str, items: list[dict], tracking_uri: str, storage_path: str
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from .worker import train_loop_per_worker
+    from orchestrator.run.worker import train_loop_per_worker
 
     os.environ.setdefault(_HEALTH_CHECK_ENV, _HEALTH_CHECK_S)  # Ray Train hands it to its controller
     res = RunSpec.model_validate(items[0]["run"]).resources

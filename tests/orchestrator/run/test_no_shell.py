@@ -6,7 +6,7 @@ asyncio.create_subprocess_shell), and a Ray job entrypoint (which Ray runs throu
 is never built by string formatting.
 
 Dynamic: a real spec whose string fields and file name hold ``$(touch ...)`` / backticks /
-``;`` goes through the real submit path (`orchestrator.submit.build_job`); the entrypoint a
+``;`` goes through the real submit path (`orchestrator.run.submit.build_job`); the entrypoint a
 real /bin/sh parses is exactly the intended argv, and nothing was executed.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PRODUCT = ("orchestrator", "model", "data_pipeline")
 SHELL_CALLS = {
     ("os", "system"), ("os", "popen"), ("subprocess", "getoutput"),
@@ -128,8 +128,8 @@ def _hostile(marker: Path) -> str:
 
 
 def test_spec_fields_with_shell_metacharacters_reach_no_shell(tmp_path: Path) -> None:
-    submit = pytest.importorskip("orchestrator.submit", reason="orchestrator.submit not present yet")
-    from orchestrator.spec import SpecError, load_spec
+    submit = pytest.importorskip("orchestrator.run.submit", reason="orchestrator.run.submit not present yet")
+    from orchestrator.plan.spec import SpecError, load_spec
 
     marker = tmp_path / "pwned"
     evil = _hostile(marker)

@@ -1,4 +1,4 @@
-"""orchestrator.security: submit-address policy, shell quoting, redaction, safe checkpoint load."""
+"""orchestrator.run.security: submit-address policy, shell quoting, redaction, safe checkpoint load."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from orchestrator.security import (
+from orchestrator.run.security import (
     REDACTED,
     InsecureAddressError,
     RedactingFilter,
@@ -287,7 +287,7 @@ def test_product_loads_checkpoints_weights_only() -> None:
     """Checkpoints load through safe_torch_load or DeepSpeed's engine.load_checkpoint only."""
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     files = [p for pkg in ("orchestrator", "model", "data_pipeline")
              for p in sorted((repo / pkg).rglob("*.py"))]
     findings = [f for p in files for f in unsafe_loads(p.read_text(), str(p.relative_to(repo)))]

@@ -15,9 +15,9 @@ import yaml
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from orchestrator.planner import plan
-from orchestrator.runner import run_runs, run_study
-from orchestrator.spec import parse_spec
+from orchestrator.plan.planner import plan
+from orchestrator.plan.spec import parse_spec
+from orchestrator.run.runner import run_runs, run_study
 
 pytestmark = pytest.mark.slow
 

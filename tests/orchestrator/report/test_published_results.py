@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.report import build_report
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STORE = ROOT / "results" / "cpu-study-mlflow.db.gz"
 PUBLISHED = ROOT / "results" / "cpu-study"
 TABLES = ["final_ppl", "token_ratio", "seed_std", "cost", "attention"]

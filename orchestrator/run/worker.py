@@ -19,16 +19,26 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from .optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
-from .planner import RunSpec
-from .progress import report_progress
-from .tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_RUNNING, MetricBuffer, client_for, last_logged_step, run_status, set_status
+from orchestrator.plan.planner import RunSpec
+from orchestrator.run.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
+from orchestrator.run.progress import report_progress
+from orchestrator.track.tracking import (
+    STATUS_FAILED,
+    STATUS_FINISHED,
+    STATUS_RUNNING,
+    MetricBuffer,
+    client_for,
+    last_logged_step,
+    run_status,
+    set_status,
+)
 
 # Fault injection for the resume tests: the worker process dies hard (as a preempted node
 # would) right after this optimizer step, on the worker group's first attempt only (no

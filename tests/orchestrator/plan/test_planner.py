@@ -5,8 +5,8 @@ import json
 import pytest
 
 from model import build_config, count_model
-from orchestrator.planner import PlanError, plan
-from orchestrator.spec import parse_spec
+from orchestrator.plan.planner import PlanError, plan
+from orchestrator.plan.spec import parse_spec
 
 BASE = {
     "name": "p",
@@ -91,7 +91,7 @@ def test_run_identity_is_stable_and_sensitive():
 
 
 def test_runspec_roundtrips_through_json():
-    from orchestrator.planner import RunSpec
+    from orchestrator.plan.planner import RunSpec
 
     r = _plan()[0]
     assert RunSpec.model_validate(json.loads(r.model_dump_json())) == r

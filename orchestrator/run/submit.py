@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .security import check_submit_address, shell_join
-from .spec import Study, load_spec
+from orchestrator.plan.spec import Study, load_spec
+from orchestrator.run.security import check_submit_address, shell_join
 
 # Never uploaded: environments, local state, VCS metadata.
 EXCLUDES = [".venv/", "runs/", ".git/", "**/__pycache__/", "*.egg-info/", ".pytest_cache/", "reports/", "mlruns/"]
@@ -46,7 +46,7 @@ def build_job(spec_path: str | Path, address: str, *, image: str | None = None, 
 
     Raises:
         SpecError: the spec does not validate. InsecureAddressError / ValueError: a bad
-            address (see ``orchestrator.security.check_submit_address``); a spec outside
+            address (see ``orchestrator.run.security.check_submit_address``); a spec outside
             the working dir.
     """
     study: Study = load_spec(spec_path)

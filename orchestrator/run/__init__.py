@@ -1,0 +1,7 @@
+"""Running: planned runs trained on a Ray cluster with DeepSpeed ZeRO.
+
+Why it is built this way: a study must survive faults without repeating work, so every run
+is idempotent by identity (finished runs are skipped, unfinished ones resume from their Ray
+Train checkpoint) and progress lives in MLflow, not in the driver. Ray owns placement and
+retries; the worker loop owns the model, the engine and the MLflow writes of rank 0.
+"""
