@@ -79,7 +79,7 @@ def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 
             proto = f.read()
         for _ in range(repeats):
             ids: list = []
-            times["single"].append(_timed(lambda: ids.extend(sp.encode(texts, num_threads=1)), cores["single"]))
+            times["single"].append(_timed(lambda out=ids: out.extend(sp.encode(texts, num_threads=1)), cores["single"]))
             times["lines"].append(_timed(lambda: encode_documents(sp, texts, prep.eod_id, m["dtype"]),
                                          cores["lines"]))
             with tempfile.TemporaryDirectory() as shards:

@@ -13,7 +13,7 @@ Layout of a prepared directory::
     manifest.json        counts, hashes, shard list (the commit marker)
     tokenizer.model      SentencePiece model (absent for mqar)
     train-00000.arrow    one row per document: ids list<uint16|uint32>, ending in eod_id
-    val-00000.arrow      (mqar: one row per example, plus a target_mask column)
+    val-00000.arrow      (mqar: one row per example, plus a labels column list<int32>, -100 = unscored)
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 
@@ -159,7 +160,7 @@ def _tokenize(splits: dict, proto: bytes, eod_id: int, dtype: str, tmp: str, num
                 results.append(r)
                 bar.update()
     bar.close()
-    out = {s: {"documents": 0, "tokens": 0, "shards": []} for s in splits}
+    out: dict[str, dict[str, Any]] = {s: {"documents": 0, "tokens": 0, "shards": []} for s in splits}
     for (split, name), (n_docs, n_tok) in zip(names, results):
         out[split]["documents"] += n_docs
         out[split]["tokens"] += n_tok
@@ -202,12 +203,12 @@ def _prepare_mqar(corpus: CorpusConfig, tmp: str) -> dict:
     dtype = "uint16" if p["vocab_size"] <= 1 << 16 else "uint32"
     splits = {}
     for i, (split, n) in enumerate((("train", p["num_train_examples"]), ("val", p["num_val_examples"]))):
-        ids, mask = mqar.generate(n, p["vocab_size"], p["seq_len"], p["num_kv_pairs"], p["power_a"],
-                                  np.random.default_rng([corpus.seed, i]))
+        ids, labels = mqar.generate(int(n), int(p["vocab_size"]), int(p["seq_len"]), int(p["num_kv_pairs"]),
+                                    float(p["power_a"]), np.random.default_rng([corpus.seed, i]))
         name = f"{split}-00000.arrow"
         n_tok = ids.size
         encode.write_shard(os.path.join(tmp, name), np.arange(n + 1) * ids.shape[1],
-                           {"ids": ids.reshape(-1).astype(dtype), "target_mask": mask.reshape(-1)})
+                           {"ids": ids.reshape(-1).astype(dtype), "labels": labels.reshape(-1).astype(np.int32)})
         splits[split] = {"documents": n, "tokens": n_tok, "shards": [{"file": name, "documents": n, "tokens": n_tok}]}
     return {"layout": "examples", "example_len": p["seq_len"] + 1, "vocab_size": p["vocab_size"], "eod_id": 0,
             "dtype": dtype, "tokenizer": None, "mqar": p, "splits": splits}
@@ -252,4 +253,6 @@ def prepare(corpus: CorpusConfig, tokenizer: TokenizerConfig, cache_root=None, *
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     manifest = storage.read_manifest(dest)
+    if manifest is None:  # published, yet unreadable: storage lost it or another writer removed it
+        raise DataError(f"{corpus.label()}: {dest} has no readable manifest.json after publishing")
     return PreparedData.from_manifest(dest, manifest)

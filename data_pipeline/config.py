@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from . import mqar
+
 SourceName = Literal["stdlib", "text", "jsonl", "parquet", "hf", "mixture", "mqar"]
 
 # Default stdlib exclusions: the regression-test suites and the IDLE GUI are not representative
@@ -33,22 +35,23 @@ class _Strict(BaseModel):
 
 
 class MQARConfig(_Strict):
-    """Synthetic multi-query associative recall (Zoology `multiquery_ar`).
+    """Synthetic multi-query associative recall (Zoology `multiquery_ar`, layout in data_pipeline.mqar).
 
     Each example is ``seq_len + 1`` tokens: ``num_kv_pairs`` (key, value) pairs, then a query
-    region where every key reappears once, followed by its value, at a power-law distributed
-    distance (p(slot s) ~ (s+1)^(power_a-1), Zoology's default power_a = 0.01); other positions
-    are random tokens. Keys come from [1, vocab/2), values from [vocab/2, vocab); id 0 is unused.
-    Only value positions in the query region carry labels.
+    region where every key reappears once at a power-law distributed distance (p(slot s) ~
+    (s+1)^(power_a-1), Zoology's default power_a = 0.01); its value is the label of that position,
+    the input after it is filler, as are all other positions (uniform over the vocabulary). Keys
+    are distinct ids from [1, vocab/2), values distinct ids from [vocab/2, vocab). Only the query
+    keys carry labels. Needs seq_len >= 4 * num_kv_pairs and vocab_size >= 2 * num_kv_pairs + 2.
     """
 
     preset: Literal["easy", "medium", "hard"] = "easy"
-    vocab_size: int | None = Field(None, ge=8, le=65536)
-    seq_len: int | None = Field(None, ge=8)
-    num_kv_pairs: int | None = Field(None, ge=1)
-    power_a: float = Field(0.01, gt=0.0, le=1.0)
-    num_train_examples: int = Field(20_000, ge=1)
-    num_val_examples: int = Field(1_000, ge=1)
+    vocab_size: int | None = Field(default=None, ge=8, le=65536)
+    seq_len: int | None = Field(default=None, ge=8)
+    num_kv_pairs: int | None = Field(default=None, ge=1)
+    power_a: float = Field(default=0.01, gt=0.0, le=1.0)
+    num_train_examples: int = Field(default=20_000, ge=1)
+    num_val_examples: int = Field(default=1_000, ge=1)
 
     def resolved(self) -> dict[str, int | float]:
         """Preset values overridden by any explicitly set field."""
@@ -63,12 +66,7 @@ class MQARConfig(_Strict):
     @model_validator(mode="after")
     def _check_fits(self) -> MQARConfig:
         r = self.resolved()
-        if r["num_kv_pairs"] > r["vocab_size"] // 2 - 1:
-            raise ValueError(f"num_kv_pairs={r['num_kv_pairs']} needs vocab_size >= {2 * r['num_kv_pairs'] + 2} "
-                             f"(distinct keys from the lower half), got vocab_size={r['vocab_size']}")
-        if 4 * r["num_kv_pairs"] > r["seq_len"] + 1:
-            raise ValueError(f"seq_len={r['seq_len']} too short for num_kv_pairs={r['num_kv_pairs']}: "
-                             f"needs seq_len + 1 >= 4 * num_kv_pairs (pairs plus one query slot each)")
+        mqar.check_params(int(r["vocab_size"]), int(r["seq_len"]), int(r["num_kv_pairs"]), float(r["power_a"]))
         return self
 
 
@@ -104,9 +102,9 @@ class CorpusConfig(_Strict):
     exclude: list[str] | None = None
     text_column: str = "text"
     document_boundary: Literal["auto", "file", "blank_lines", "row", "wikitext_heading"] = "auto"
-    val_fraction: float = Field(0.02, gt=0.0, lt=1.0)
-    max_documents: int | None = Field(None, ge=1)
-    max_bytes: int | None = Field(None, ge=1)
+    val_fraction: float = Field(default=0.02, gt=0.0, lt=1.0)
+    max_documents: int | None = Field(default=None, ge=1)
+    max_bytes: int | None = Field(default=None, ge=1)
     hf_path: str | None = None
     hf_name: str | None = None
     hf_split: str = "train"
@@ -163,11 +161,11 @@ class TokenizerConfig(_Strict):
     """
 
     kind: Literal["bpe", "unigram"] = "bpe"
-    vocab_size: int = Field(4096, ge=16, le=1 << 20)
+    vocab_size: int = Field(default=4096, ge=16, le=1 << 20)
     byte_fallback: bool = True
-    character_coverage: float = Field(1.0, gt=0.0, le=1.0)
-    max_sentences: int = Field(100_000, ge=1)
-    max_sentence_length: int = Field(4096, ge=16)
+    character_coverage: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_sentences: int = Field(default=100_000, ge=1)
+    max_sentence_length: int = Field(default=4096, ge=16)
 
 
 MixtureComponent.model_rebuild()

@@ -59,6 +59,8 @@ def encode_documents(sp: spm.SentencePieceProcessor, texts: list[str], eod_id: i
 def encode_chunk(task: tuple[str, list[str], int, str]) -> tuple[int, int]:
     """(shard path, texts, eod id, dtype) -> (documents, tokens) written to that shard."""
     path, texts, eod_id, dtype = task
+    if _sp is None:
+        raise RuntimeError("encode_chunk: init_worker(model_proto) was not called in this process")
     flat, offsets = encode_documents(_sp, texts, eod_id, dtype)
     write_shard(path, offsets, {"ids": flat})
     return len(texts), len(flat)

@@ -10,6 +10,12 @@ perm_e[g mod num_windows] with e = g // num_windows and perm_e = a permutation d
 numpy's default_rng((seed, e)). Rank r of W takes j in [r*b, (r+1)*b), b = global_batch / W, so the
 rank slices concatenate to the same global batch for every W that divides global_batch, ranks never
 overlap within a step, and a run restarted at step k reads exactly what it would have read.
+
+Evaluation: one fixed order of the val windows, independent of seed, step and world size (the
+base-2 van der Corput order: every prefix is spread evenly over the split). A run's eval subset of
+m windows is the first m of that order, so a larger final pass contains the curve's windows, and
+it is split over ranks (rank r of W takes every W-th window, padded to equal length with unscored
+rows) so that the union over ranks is the same set for every W.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 
 from . import storage
 from .errors import DataError
+from .mqar import IGNORE_INDEX
 
 
 def _read_shard(location: str, name: str) -> pa.Table:
@@ -59,6 +66,7 @@ class TokenLoader:
         self.global_batch, self.seed, self.manifest = global_batch, seed, manifest
         self.layout = manifest["layout"]
         self._perms: dict[int, np.ndarray] = {}
+        self._eval_order: np.ndarray | None = None
         shards = manifest["splits"][split]["shards"]
         tables = [_read_shard(self.path, s["file"]) for s in shards]
         self._parts = [_flat(t, "ids") for t in tables]
@@ -70,8 +78,10 @@ class TokenLoader:
             if seq_len + 1 != self._example_len:
                 raise DataError(f"{label}: examples are {self._example_len} tokens, so seq_len must be "
                                 f"{self._example_len - 1} (got {seq_len})")
+            if any("labels" not in t.column_names for t in tables):
+                raise DataError(f"{label}: no 'labels' column (prepared by an older mqar generator): prepare it again")
             self._ids = np.concatenate(self._parts).reshape(-1, self._example_len)
-            self._mask = np.concatenate([_flat(t, "target_mask") for t in tables]).reshape(-1, self._example_len)
+            self._labels = np.concatenate([_flat(t, "labels") for t in tables]).reshape(-1, self._example_len)
             self.num_windows = len(self._ids)
         else:
             self.num_windows = max(0, (self.num_tokens - 1) // seq_len)
@@ -115,37 +125,86 @@ class TokenLoader:
                 s += 1
         return out
 
+    @property
+    def labelled(self) -> bool:
+        """True when y scores only some positions (mqar: the query keys; IGNORE_INDEX elsewhere),
+        so token accuracy on them is the task's metric; False for next-token windows (all scored)."""
+        return self.layout == "examples"
+
     def _xy(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        w = self._windows(idx)
-        y = w[:, 1:].copy()
+        """(x, y) int64 [len(idx), seq_len] for window ids `idx`; id -1 is a padding row (x = 0,
+        y = IGNORE_INDEX: it adds nothing to a loss or accuracy summed over labelled positions)."""
+        pad = idx < 0
+        idx = np.where(pad, 0, idx)
         if self.layout == "examples":
-            y[self._mask[idx][:, 1:] == 0] = -100
-        return torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(y)
+            x, y = self._ids[idx, :-1].astype(np.int64), self._labels[idx, 1:].astype(np.int64)
+        else:
+            w = self._windows(idx)
+            x, y = w[:, :-1].copy(), w[:, 1:].copy()
+        x[pad], y[pad] = 0, IGNORE_INDEX
+        return torch.from_numpy(x), torch.from_numpy(y)
 
     def batch(self, step: int, rank: int = 0, world_size: int = 1) -> torch.Tensor:
-        """LongTensor [global_batch // world_size, seq_len + 1] for this rank at this step."""
+        """LongTensor [global_batch // world_size, seq_len + 1] for this rank at this step (mqar:
+        the examples' input ids; their labels are only in `xy`)."""
         return torch.from_numpy(self._windows(self.window_indices(step, rank, world_size)))
 
     def xy(self, step: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y) LongTensors [b, seq_len]: y[t] = x[t+1] (next token); for mqar y = -100 except on
-        value positions."""
+        """(x, y) LongTensors [b, seq_len]: y[t] = x[t+1] (next token); for mqar y is IGNORE_INDEX
+        (-100) except at the query keys, where it is the key's value."""
         return self._xy(self.window_indices(step, rank, world_size))
 
-    def _eval_indices(self, max_windows: int) -> np.ndarray:
-        # Evenly spaced over the split: the same subset for every run, independent of seed.
-        if self.num_windows <= max_windows:
-            return np.arange(self.num_windows)
-        return np.unique(np.linspace(0, self.num_windows - 1, max_windows).round().astype(np.int64))
+    # -- evaluation: one fixed subset per run -----------------------------------------------
+    def eval_windows(self, max_windows: int | None = None) -> np.ndarray:
+        """The run's fixed eval windows: int64 [min(max_windows, num_windows)] (all when None),
+        the first ones of the val split's van der Corput order. Independent of seed and world
+        size; nested: eval_windows(m) is a prefix of eval_windows(m') for m <= m'. A prefix of
+        2^j windows is exactly evenly spaced; any prefix of m has gaps <= 2 * num_windows / m + 1."""
+        if max_windows is not None and max_windows < 1:
+            raise ValueError(f"max_windows={max_windows} must be >= 1 (or None for all windows)")
+        if self._eval_order is None:
+            self._eval_order = _van_der_corput_order(self.num_windows)
+        return self._eval_order[:max_windows].copy()
 
-    def eval_batches(self, max_windows: int, batch_size: int) -> Iterator[torch.Tensor]:
-        """Fixed deterministic subset of at most `max_windows` windows, as LongTensors
-        [<= batch_size, seq_len + 1] (last batch may be smaller)."""
-        idx = self._eval_indices(max_windows)
+    def eval_shard(self, max_windows: int | None, rank: int = 0, world_size: int = 1, start: int = 0) -> np.ndarray:
+        """Rank `rank`'s share of eval_windows(max_windows)[start:]: every world_size-th window
+        from position rank, padded with -1 to ceil(n / world_size) entries so every rank runs the
+        same number of equally sized batches (ZeRO-3 forwards are collective). The ranks' shares
+        are disjoint and their union is the same set for every world_size."""
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} outside [0, world_size={world_size})")
+        if start < 0:
+            raise ValueError(f"start={start} must be >= 0")
+        idx = self.eval_windows(max_windows)[start:]
+        share = idx[rank::world_size]
+        return np.concatenate([share, np.full(-(-len(idx) // world_size) - len(share), -1, dtype=np.int64)])
+
+    def eval_xy(self, max_windows: int | None, batch_size: int, rank: int = 0, world_size: int = 1,
+                start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's eval_shard as (x, y) LongTensors [<= batch_size, seq_len] (labels as in `xy`;
+        padding rows are all IGNORE_INDEX). Every rank yields the same number and shapes of batches."""
+        idx = self.eval_shard(max_windows, rank, world_size, start)
+        for i in range(0, len(idx), batch_size):
+            yield self._xy(idx[i: i + batch_size])
+
+    def eval_batches(self, max_windows: int | None, batch_size: int) -> Iterator[torch.Tensor]:
+        """eval_windows(max_windows) as raw windows, LongTensors [<= batch_size, seq_len + 1]
+        (last batch may be smaller)."""
+        idx = self.eval_windows(max_windows)
         for i in range(0, len(idx), batch_size):
             yield torch.from_numpy(self._windows(idx[i: i + batch_size]))
 
-    def eval_xy(self, max_windows: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """eval_batches as (x, y) pairs, labels as in `xy`."""
-        idx = self._eval_indices(max_windows)
-        for i in range(0, len(idx), batch_size):
-            yield self._xy(idx[i: i + batch_size])
+
+def _van_der_corput_order(n: int) -> np.ndarray:
+    """A permutation of range(n) (int64 [n]) whose every prefix is spread over [0, n): window
+    floor(v_k * n) for the base-2 van der Corput sequence v_k = bit-reverse(k) / 2^b (2^b >= n),
+    keeping each window's first occurrence. The first 2^j entries are, as a set, floor(i * n / 2^j)
+    for i < 2^j (for 2^j <= n), so a prefix of m contains a grid with step <= 2n/m + 1."""
+    bits = max(0, (n - 1).bit_length())
+    k = np.arange(1 << bits, dtype=np.int64)
+    rev = np.zeros_like(k)
+    for b in range(bits):
+        rev |= ((k >> b) & 1) << (bits - 1 - b)
+    w = (rev * n) >> bits
+    _, first = np.unique(w, return_index=True)
+    return w[np.sort(first)]

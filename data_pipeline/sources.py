@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.fs as pafs
 
+from . import mqar
 from .config import STDLIB_DEFAULT_EXCLUDE, CorpusConfig
 from .errors import DataError
 from .storage import is_uri, resolve
@@ -99,7 +100,8 @@ def _list_files(patterns: list[str], corpus: CorpusConfig) -> list[_File]:
             if os.path.isdir(p):
                 found = [(str(q), str(q.relative_to(p))) for q in Path(p).rglob("*") if q.is_file()]
             elif glob.has_magic(p):
-                base = p[: re.search(r"[*?\[]", p).start()]
+                magic = re.search(r"[*?\[]", p)
+                base = p[: magic.start()] if magic else p
                 base = base if base.endswith(os.sep) else os.path.dirname(base)
                 found = [(q, os.path.relpath(q, base or ".")) for q in glob.glob(p, recursive=True)
                          if os.path.isfile(q)]
@@ -147,16 +149,18 @@ def _stdlib_files(corpus: CorpusConfig) -> list[_File]:
 def _input_files(corpus: CorpusConfig) -> list[tuple[_File, str | None]]:
     if corpus.source == "stdlib":
         return [(f, None) for f in _stdlib_files(corpus)]
-    train = [(f, None) for f in _list_files(corpus.paths, corpus)]
-    val = [(f, "val") for f in _list_files(corpus.val_paths, corpus)] if corpus.val_paths else []
-    return train + val
+    out: list[tuple[_File, str | None]] = [(f, None) for f in _list_files(corpus.paths, corpus)]
+    if corpus.val_paths:
+        out += [(f, "val") for f in _list_files(corpus.val_paths, corpus)]
+    return out
 
 
 def fingerprint(corpus: CorpusConfig) -> dict:
     """What the prepared data depends on besides the configs: sha256 of every input file
-    (stdlib: plus the interpreter version), the dataset identity for `hf`, nothing for `mqar`."""
+    (stdlib: plus the interpreter version), the dataset identity for `hf`, the generator's
+    version for `mqar` (so examples from an older generator are never reused)."""
     if corpus.source == "mqar":
-        return {}
+        return {"generator": f"mqar-v{mqar.GENERATOR_VERSION}"}
     if corpus.source == "mixture":
         return {str(i): fingerprint(c.corpus) for i, c in enumerate(corpus.components)}
     if corpus.source == "hf":
@@ -175,7 +179,8 @@ def _group_rows(rows: Iterator[tuple[int, str]], boundary: str, file_id: str, sp
         for i, text in rows:
             yield Document(f"{file_id}#{i}", text, split)
         return
-    start, buf = None, []
+    start: int | None = None
+    buf: list[str] = []
     for i, text in rows:
         if _WIKITEXT_TITLE.match(text) and buf:
             yield Document(f"{file_id}#{start}", "".join(buf), split)
@@ -293,7 +298,8 @@ def load_documents(corpus: CorpusConfig, stats: DecodeStats | None = None) -> li
         docs = _hf_documents(corpus)
     else:
         docs = _file_documents(corpus, stats)
-    out, nbytes = [], 0
+    out: list[Document] = []
+    nbytes = 0
     for d in docs:
         if not d.text.strip():
             continue

@@ -73,7 +73,7 @@ def _canonical(proto: bytes) -> bytes:
     and options only (training with 1 or 16 threads yields the same pieces, not the same bytes)."""
     from sentencepiece import sentencepiece_model_pb2
 
-    m = sentencepiece_model_pb2.ModelProto()
+    m = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated protobuf, no stubs
     m.ParseFromString(proto)
     m.trainer_spec.num_threads = 1
     return m.SerializeToString(deterministic=True)

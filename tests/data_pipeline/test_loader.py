@@ -123,3 +123,68 @@ def test_mqar_labels_only_on_values(tmp_path):
         TokenLoader(prep.path, "train", 128, 16, seed=0)
     val = TokenLoader(prep.path, "val", 64, 4, seed=0)
     assert not torch.equal(val.batch(0), loader.batch(0)[:4])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 13, 64, 100, 257])
+def test_eval_order_is_a_permutation_whose_prefixes_are_spread(n):
+    from data_pipeline.loader import _van_der_corput_order
+
+    order = _van_der_corput_order(n)
+    assert sorted(order.tolist()) == list(range(n))
+    j = 0
+    while 1 << j <= n:  # a prefix of 2^j windows is exactly the grid floor(i * n / 2^j)
+        assert sorted(order[: 1 << j].tolist()) == [i * n // (1 << j) for i in range(1 << j)]
+        j += 1
+    for m in range(1, n + 1):
+        edges = np.concatenate([np.sort(order[:m]), [n]])
+        assert np.diff(edges).max() <= 2 * n / m + 1
+
+
+def test_eval_windows_fixed_nested_and_seed_independent(path):
+    a = TokenLoader(path, "val", 16, 4, seed=0)
+    b = TokenLoader(path, "val", 16, 4, seed=7)
+    n = a.num_windows
+    assert n > 40
+    assert np.array_equal(a.eval_windows(20), b.eval_windows(20))
+    assert np.array_equal(a.eval_windows(40)[:20], a.eval_windows(20))  # final pass contains the curve's
+    assert sorted(a.eval_windows().tolist()) == list(range(n)) and len(a.eval_windows(10 ** 6)) == n
+    with pytest.raises(ValueError, match="max_windows"):
+        a.eval_windows(0)
+
+
+def _shards(loader, m, world, start=0):
+    return [loader.eval_shard(m, r, world, start) for r in range(world)]
+
+
+@pytest.mark.parametrize("m", [None, 7, 10])
+def test_eval_shards_union_is_one_set_for_world_sizes_1_2_3(path, m):
+    loader = TokenLoader(path, "val", 16, 4, seed=0)
+    want = loader.eval_windows(m)
+    x1, y1 = zip(*loader.eval_xy(m, 4))
+    ref = {"tokens": int((torch.cat(y1) != -100).sum()), "sum": int(torch.cat(y1).clamp(min=0).sum())}
+    for world in (1, 2, 3):
+        shards = _shards(loader, m, world)
+        assert len({len(s) for s in shards}) == 1  # equal work per rank (ZeRO-3 forwards are collective)
+        real = np.concatenate([s[s >= 0] for s in shards])
+        assert len(real) == len(want) and set(real.tolist()) == set(want.tolist())  # disjoint, same union
+        got = {"tokens": 0, "sum": 0}
+        per_rank = [list(loader.eval_xy(m, 3, r, world)) for r in range(world)]
+        assert len({tuple(tuple(x.shape) for x, _ in batches) for batches in per_rank}) == 1
+        for r, batches in enumerate(per_rank):
+            y = torch.cat([b[1] for b in batches])
+            assert torch.all(y[torch.from_numpy(shards[r] < 0)] == -100)  # padding rows are unscored
+            got["tokens"] += int((y != -100).sum())
+            got["sum"] += int(y.clamp(min=0).sum())
+        assert got == ref  # a summed metric over the ranks does not depend on the world size
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_final_pass_adds_windows_after_the_curve_subset(path, world):
+    loader = TokenLoader(path, "val", 16, 4, seed=0)
+    curve = np.concatenate(_shards(loader, 10, world))
+    extra = np.concatenate(_shards(loader, 25, world, start=10))
+    curve, extra = curve[curve >= 0], extra[extra >= 0]
+    assert set(curve.tolist()) == set(loader.eval_windows(10).tolist())
+    assert not set(curve.tolist()) & set(extra.tolist())
+    assert set(curve.tolist()) | set(extra.tolist()) == set(loader.eval_windows(25).tolist())
+    assert all(len(s) == 0 for s in _shards(loader, 10, world, start=10))  # nothing left: no batches
