@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import os
 import statistics
 import sys
@@ -73,6 +74,7 @@ def bench_training(steps: int = 60) -> list[dict]:
     from rich.console import Console
 
     from orchestrator.run.runner import run_runs
+    from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, default_tracking_uri
 
     rows = []
     with _local_ray() as tmp:
@@ -83,17 +85,25 @@ def bench_training(steps: int = 60) -> list[dict]:
                                 "eval": {"num_evals": 3, "max_windows": 16, "diagnostics": False},
                                 "train": {"log_every_steps": 5},
                                 "resources": {"workers": workers, "cpus_per_worker": cpus, "zero_stage": 2}})
-            uri = f"sqlite:///{tmp / name / 'mlflow.db'}"
+            uri = default_tracking_uri(tmp / name)
             run_runs(plan(study), name, uri, str(tmp / name / "ray"), console=Console(quiet=True))
             c = MlflowClient(uri)
-            (r,) = c.search_runs([c.get_experiment_by_name(name).experiment_id], "tags.`qkstudy.kind` = 'train'")
-            hist = lambda k: [m.value for m in c.get_metric_history(r.info.run_id, k)]  # noqa: E731
+            exp = c.get_experiment_by_name(name)
+            if exp is None:  # run_runs creates it before any run starts
+                raise RuntimeError(f"training benchmark {name}: no MLflow experiment in {uri}")
+            (r,) = c.search_runs([exp.experiment_id], f"tags.`{KIND_TAG}` = '{KIND_TRAIN}'")
+            hist = functools.partial(_history, c, r.info.run_id)
             rows.append({"workers": workers, "cpus_per_worker": cpus,
                          "tokens_per_s": statistics.median(hist("throughput/tokens_per_s")[1:]),
                          "checkpoint_mb": hist("checkpoint/bytes")[-1] / 1e6,
                          "save_s": statistics.median(hist("checkpoint/save_s")),
                          "persist_s": statistics.median(hist("checkpoint/persist_s"))})
     return rows
+
+
+def _history(client, run_id: str, key: str) -> list[float]:
+    """The values of one metric of one MLflow run, in logged order."""
+    return [m.value for m in client.get_metric_history(run_id, key)]
 
 
 def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
@@ -103,6 +113,7 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
     from rich.console import Console
 
     from orchestrator.run.runner import run_runs
+    from orchestrator.track.tracking import default_tracking_uri
 
     rows = []
     with _local_ray() as tmp:
@@ -114,7 +125,7 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
                                 "eval": {"num_evals": 1, "max_windows": 8, "final_max_windows": 8, "diagnostics": False},
                                 "resources": {"workers": 1, "cpus_per_worker": 2, "zero_stage": 0, "runs_per_trainer": per}})
             runs = plan(study)[:n_runs]
-            res = run_runs(runs, name, f"sqlite:///{tmp / name / 'mlflow.db'}", str(tmp / name / "ray"), console=Console(quiet=True))
+            res = run_runs(runs, name, default_tracking_uri(tmp / name), str(tmp / name / "ray"), console=Console(quiet=True))
             if not res.ok:  # a benchmark of failed runs would time the failure
                 raise RuntimeError(f"start-up benchmark runs did not finish: {res.reasons}")
             rows.append({"runs_per_trainer": per, "runs": len(runs), "study_s": res.wall_s, "per_run_s": res.wall_s / len(runs)})

@@ -4,7 +4,8 @@ Compute matching (DESIGN.md, "Compute matching"): per scale the reference varian
 study's token budget D_ref; in ``flops`` mode the budget is C = D_ref x F_ref (F = training
 FLOPs per token, 3 x forward, from ``model.count_model``) and variant v trains C / F_v
 tokens; in ``tokens`` mode every variant trains D_ref; in ``wallclock`` mode every variant
-trains for the reference's seconds at its own throughput. ``extend`` adds reference runs of
+trains for the reference's seconds at its own throughput (a table passed in by the caller,
+``orchestrator.plan.throughput``; the planner reads no file and measures nothing). ``extend`` adds reference runs of
 e x D_ref tokens, each with its own full schedule. Budgets round to whole optimizer steps
 (global_batch x seq_len tokens), so matched FLOPs agree within one step's worth of tokens.
 
@@ -23,9 +24,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from model import build_config, count_model
+from model import ModelCounts, build_config, count_model
 from orchestrator.plan.recipe import BETAS, recipe_for
-from orchestrator.plan.spec import ResourcesSpec, Study
+from orchestrator.plan.spec import ResourcesSpec, Study, VariantSpec
+from orchestrator.plan.throughput import ThroughputTable, declared_throughput
 
 # Bump when a code change alters what an unchanged config computes, so old runs re-train.
 IDENTITY_VERSION = 1
@@ -151,46 +153,47 @@ def _reference_tokens(study: Study, scale: str, n_params_ref: int) -> int:
     b = study.budget
     if b.tokens_per_param is not None:
         return int(round(b.tokens_per_param * n_params_ref))
-    return int(b.tokens[scale] if isinstance(b.tokens, dict) else b.tokens)
+    tokens = b.tokens[scale] if isinstance(b.tokens, dict) else b.tokens
+    assert tokens is not None  # BudgetSpec validates: exactly one of tokens, tokens_per_param
+    return int(tokens)
 
 
 def _steps_for(tokens: float, tokens_per_step: int) -> int:
     return max(1, int(round(tokens / tokens_per_step)))
 
 
-def plan(study: Study) -> list[RunSpec]:
+def plan(study: Study, throughput: ThroughputTable | None = None) -> list[RunSpec]:
     """Expand a study into runs, ordered by corpus, scale, variant, seed, then extend.
+
+    Args:
+        throughput: tokens/s per scale and variant (``orchestrator.plan.throughput``), read
+            only in ``wallclock`` mode; the spec's declared ``budget.throughput`` takes
+            precedence over it. Callers load it (``throughput_table(study)``): the planner
+            itself touches no disk and no hardware.
 
     Raises:
         PlanError: a budget that rounds to less than one optimizer step, or a wallclock
-            study without declared throughput.
+            study without the throughput of every variant.
     """
+    table = declared_throughput(study) or throughput or {}
     runs: list[RunSpec] = []
     for corpus_name, corpus in study.corpus_map.items():
-        runs.extend(_plan_corpus(study, corpus_name, corpus.model_dump(mode="json")))
+        runs.extend(_plan_corpus(study, corpus_name, corpus.model_dump(mode="json"), table))
     return runs
 
 
-def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any]) -> list[RunSpec]:
+def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: ThroughputTable) -> list[RunSpec]:
+    """Every run of one corpus: per scale, the reference budget, then each variant's."""
     runs: list[RunSpec] = []
     # MQAR brings its own vocabulary (no tokenizer); text corpora use the tokenizer's.
-    mqar = corpus.get("source") == "mqar"
-    vocab = _mqar_params(corpus)["vocab_size"] if mqar else study.tokenizer.vocab_size
+    mqar = _mqar_params(corpus) if corpus.get("source") == "mqar" else None
+    vocab = mqar["vocab_size"] if mqar else study.tokenizer.vocab_size
     for scale in study.scales:
-        base = resolve_train(study, scale)
-        if base.global_batch % study.resources.workers:
-            raise PlanError(f"train.global_batch {base.global_batch} (at scale {scale}) is not divisible by "
-                            f"resources.workers {study.resources.workers}: every worker takes an equal share")
-        if mqar and base.seq_len != _mqar_params(corpus)["seq_len"]:
-            raise PlanError(f"train.seq_len {base.seq_len} must equal the MQAR corpus's seq_len "
-                            f"{_mqar_params(corpus)['seq_len']} (each example is one window)")
+        base = _scale_recipe(study, scale, mqar)
         tps = base.tokens_per_step
-        counts = {}
-        configs = {}
-        for v in study.variants:
-            cfg = build_config(scale, v.model_variant, vocab_size=vocab, seq_len=base.seq_len, **v.options)
-            configs[v.name] = cfg
-            counts[v.name] = count_model(cfg)
+        configs = {v.name: build_config(scale, v.model_variant, vocab_size=vocab, seq_len=base.seq_len, **v.options)
+                   for v in study.variants}
+        counts = {name: count_model(cfg) for name, cfg in configs.items()}
         ref = counts[study.reference]
         d_ref = _reference_tokens(study, scale, ref.n_params)
         if d_ref < tps:
@@ -203,70 +206,91 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any]) -> list
             max(1, study.eval.every_tokens // tps) if study.eval.every_tokens else max(1, ref_steps // study.eval.num_evals)
         )
         for v in study.variants:
-            c = counts[v.name]
-            if study.budget.mode == "tokens":
-                d_v = d_ref
-            elif study.budget.mode == "flops":
-                d_v = d_ref * ref.flops_per_token / c.flops_per_token
-            else:
-                from orchestrator.run.calibrate import throughput_table
-
-                table = throughput_table(study) or {}
-                thr = table.get(scale)
-                if not thr or v.name not in thr or study.reference not in thr:
-                    raise PlanError(f"budget.mode wallclock needs the throughput of every variant at scale {scale}: "
-                                    "declare budget.throughput (tokens/s per variant) or measure it with "
-                                    "`qkstudy calibrate SPEC`")
-                d_v = d_ref * thr[v.name] / thr[study.reference]
+            d_v = _variant_tokens(study, scale, v.name, d_ref, ref, counts[v.name], table)
             multipliers = [1.0] + (list(study.extend) if v.name == study.reference else [])
             for seed in study.seeds:
                 for e in multipliers:
                     steps = _steps_for(d_v * e, tps)
                     train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps)),
                                                     "lr": v.lr or base.lr})
-                    model_cfg = configs[v.name].model_dump()
-                    identity = {
-                        "v": IDENTITY_VERSION,
-                        "variant": v.name,
-                        "model_variant": v.model_variant,
-                        "options": v.options,
-                        "model": model_cfg,
-                        "scale": scale,
-                        "seed": seed,
-                        "steps": steps,
-                        "train": train.model_dump(),
-                        "eval": [eval_every, study.eval.max_windows, study.eval.final_max_windows, study.eval.diagnostics],
-                        "corpus": corpus,
-                        "tokenizer": study.tokenizer.model_dump(mode="json"),
-                    }
-                    tokens = steps * tps
-                    runs.append(
-                        RunSpec(
-                            study=study.name,
-                            run_id=run_identity(identity),
-                            corpus_name=corpus_name,
-                            variant=v.name,
-                            model_variant=v.model_variant,
-                            options=v.options,
-                            scale=scale,
-                            seed=seed,
-                            extend=e,
-                            model=model_cfg,
-                            n_params=c.n_params,
-                            n_params_total=c.n_params_total,
-                            flops_per_token=c.flops_per_token,
-                            steps=steps,
-                            tokens=tokens,
-                            total_flops=tokens * c.flops_per_token,
-                            train=train,
-                            eval_every_steps=eval_every,
-                            eval_max_windows=study.eval.max_windows,
-                            final_max_windows=study.eval.final_max_windows,
-                            diagnostics=study.eval.diagnostics,
-                            checkpoint_every_evals=study.eval.checkpoint_every_evals,
-                            corpus=corpus,
-                            tokenizer=study.tokenizer.model_dump(mode="json"),
-                            resources=study.resources,
-                        )
-                    )
+                    runs.append(_run_spec(study, corpus_name, corpus, v, scale, seed, e, configs[v.name].model_dump(),
+                                          counts[v.name], steps, train, eval_every))
     return runs
+
+
+def _scale_recipe(study: Study, scale: str, mqar: dict[str, Any] | None) -> TrainRecipe:
+    """The scale's resolved recipe, checked against the workers and an MQAR corpus's windows."""
+    base = resolve_train(study, scale)
+    if base.global_batch % study.resources.workers:
+        raise PlanError(f"train.global_batch {base.global_batch} (at scale {scale}) is not divisible by "
+                        f"resources.workers {study.resources.workers}: every worker takes an equal share")
+    if mqar and base.seq_len != mqar["seq_len"]:
+        raise PlanError(f"train.seq_len {base.seq_len} must equal the MQAR corpus's seq_len "
+                        f"{mqar['seq_len']} (each example is one window)")
+    return base
+
+
+def _variant_tokens(study: Study, scale: str, variant: str, d_ref: int, ref: ModelCounts, counts: ModelCounts,
+                    table: ThroughputTable) -> float:
+    """Variant's token budget before step rounding: D_ref (tokens), D_ref x F_ref / F_v
+    (flops) or D_ref x tokens/s_v / tokens/s_ref (wallclock, from ``table``)."""
+    mode = study.budget.mode
+    if mode == "tokens":
+        return d_ref
+    if mode == "flops":
+        return d_ref * ref.flops_per_token / counts.flops_per_token
+    thr = table.get(scale)
+    if not thr or variant not in thr or study.reference not in thr:
+        raise PlanError(f"budget.mode wallclock needs the throughput of every variant at scale {scale}: "
+                        "declare budget.throughput (tokens/s per variant) or measure it with "
+                        "`qkstudy calibrate SPEC`")
+    return d_ref * thr[variant] / thr[study.reference]
+
+
+def _run_spec(study: Study, corpus_name: str, corpus: dict[str, Any], v: VariantSpec, scale: str, seed: int,
+              e: float, model_cfg: dict[str, Any], c: ModelCounts, steps: int, train: TrainRecipe,
+              eval_every: int) -> RunSpec:
+    """One RunSpec, its ``run_id`` hashed from what it computes (module docstring)."""
+    identity = {
+        "v": IDENTITY_VERSION,
+        "variant": v.name,
+        "model_variant": v.model_variant,
+        # Options enter through model_cfg, resolved with their defaults: `coupled` and
+        # `{name: coupled, options: {integrator: euler, n_steps: 1}}` are one run.
+        "model": model_cfg,
+        "scale": scale,
+        "seed": seed,
+        "steps": steps,
+        "train": train.model_dump(),
+        "eval": [eval_every, study.eval.max_windows, study.eval.final_max_windows, study.eval.diagnostics],
+        "corpus": corpus,
+        "tokenizer": study.tokenizer.model_dump(mode="json"),
+    }
+    tokens = steps * train.tokens_per_step
+    return RunSpec(
+        study=study.name,
+        run_id=run_identity(identity),
+        corpus_name=corpus_name,
+        variant=v.name,
+        model_variant=v.model_variant,
+        options=v.options,
+        scale=scale,
+        seed=seed,
+        extend=e,
+        model=model_cfg,
+        n_params=c.n_params,
+        n_params_total=c.n_params_total,
+        flops_per_token=c.flops_per_token,
+        steps=steps,
+        tokens=tokens,
+        total_flops=tokens * c.flops_per_token,
+        train=train,
+        eval_every_steps=eval_every,
+        eval_max_windows=study.eval.max_windows,
+        final_max_windows=study.eval.final_max_windows,
+        diagnostics=study.eval.diagnostics,
+        checkpoint_every_evals=study.eval.checkpoint_every_evals,
+        corpus=corpus,
+        tokenizer=study.tokenizer.model_dump(mode="json"),
+        resources=study.resources,
+    )

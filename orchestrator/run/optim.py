@@ -77,7 +77,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     """AdamW groups: weight decay on weight matrices only (linear, embedding and coupling-MLP
     weights), not on biases, norm gains, lambda vectors or the learned step dt (GPT-2 /
     nanoGPT practice; decaying dt would pull every coupled model towards standard attention)."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue

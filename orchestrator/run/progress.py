@@ -35,7 +35,9 @@ def board_name(study: str) -> str:
 
 def get_board(study: str, namespace: str = "qkstudy"):
     """The study's board actor (created on first use; detached from no one: it lives with the job)."""
-    return ProgressBoard.options(name=board_name(study), namespace=namespace, get_if_exists=True).remote()
+    # Ray's decorator types the class as itself, without the actor class's .options.
+    return ProgressBoard.options(  # type: ignore[attr-defined]
+        name=board_name(study), namespace=namespace, get_if_exists=True).remote()
 
 
 def report_progress(board_name_: str | None, run_id: str, **fields: Any) -> None:

@@ -2,8 +2,8 @@
 
 Each worker builds the run's model, wraps it in a DeepSpeed engine (ZeRO stage from the
 spec), and trains exactly ``RunSpec.steps`` optimizer steps over the loader's global batches,
-taking its rank's slice. Rank 0 alone talks to MLflow (batched ``log_batch``, step = tokens
-seen). Checkpoints: every rank saves its own DeepSpeed shard into one directory with the
+taking its rank's slice. Rank 0 alone talks to MLflow, through the run's ``Recorder``
+(``run.recorder``: batched ``log_batch``, step = tokens seen). Checkpoints: every rank saves its own DeepSpeed shard into one directory with the
 loop state (step, wall time, MLflow run id) and ``ray.train.report`` merges them into one Ray
 Train checkpoint on the study's storage. On a restart (a worker retried by Ray's
 FailureConfig, or the study resubmitted under the same run name) the loop loads the latest
@@ -19,7 +19,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -28,34 +28,33 @@ import torch
 
 from orchestrator.plan.planner import RunSpec
 from orchestrator.run.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
-from orchestrator.run.progress import report_progress
-from orchestrator.track.tracking import (
-    STATUS_FAILED,
-    STATUS_FINISHED,
-    STATUS_RUNNING,
-    MetricBuffer,
-    client_for,
-    last_logged_step,
-    run_status,
-    set_status,
-)
+from orchestrator.run.recorder import Recorder
+from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status
 
 # Fault injection for the resume tests: the worker process dies hard (as a preempted node
 # would) right after this optimizer step, on the worker group's first attempt only (no
-# checkpoint existed when it started), so the retry resumes instead of dying again.
+# checkpoint existed when it started), so the retry resumes instead of dying again. Read
+# once when the worker starts; the loop only sees a step hook, and only when it is set.
 KILL_AT_STEP_ENV = "QKSTUDY_TEST_KILL_AT_STEP"
 STATE_FILE = "qkstudy_state.json"
 CKPT_TAG = "ckpt"
 
-# Peak dense bf16 FLOP/s per device, for MFU (vendor datasheets).
-_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+# Called before each optimizer step with the number of steps done so far.
+StepHook = Callable[[int], None]
 
 
-def _peak_flops() -> float | None:
-    if not torch.cuda.is_available():
+def kill_hook_from_env() -> StepHook | None:
+    """The fault-injection hook ``KILL_AT_STEP_ENV`` asks for (the process exits with code 17
+    once that many steps are done), or None when the variable is unset or 0."""
+    kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
+    if not kill_at:
         return None
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in _PEAK_FLOPS.items() if k in name), None)
+
+    def kill(step: int) -> None:
+        if step == kill_at:
+            os._exit(17)
+
+    return kill
 
 
 class _Dist:
@@ -70,18 +69,15 @@ class _Dist:
             torch.distributed.all_reduce(t)
         return t.tolist()
 
-    def barrier(self) -> None:
-        if self.on:
-            torch.distributed.barrier()
-
 
 class RunLoop:
-    """One worker's share of a run. ``rank``/``world_size`` come from the Ray Train context."""
+    """One worker's share of a run. ``rank``/``world_size`` come from the Ray Train context;
+    ``step_hook`` (fault injection in tests) runs before every optimizer step when given."""
 
     def __init__(self, run: RunSpec, data_path: str, tracking_uri: str, mlflow_run_id: str,
-                 rank: int, world_size: int, board: str | None = None, first_attempt: bool = True):
+                 rank: int, world_size: int, board: str | None = None, step_hook: StepHook | None = None):
         self.run, self.rank, self.world = run, rank, world_size
-        self.first_attempt = first_attempt  # no checkpoint existed when the worker group started
+        self.step_hook = step_hook
         self.data_path, self.tracking_uri, self.mlflow_run_id, self.board = data_path, tracking_uri, mlflow_run_id, board
         self.dist = _Dist()
         self.on_gpu = torch.cuda.is_available() and run.resources.gpus_per_worker > 0
@@ -96,10 +92,10 @@ class RunLoop:
 
         r, t = self.run, self.run.train
         torch.manual_seed(r.seed)
-        model = GPT(ModelConfig(**r.model))
+        model = GPT(ModelConfig(**r.model), seed=r.seed)  # same seed: same shared weights in every variant
         self.train_loader = TokenLoader(self.data_path, "train", t.seq_len, t.global_batch, r.seed)
         self.val_loader = TokenLoader(self.data_path, "val", t.seq_len, t.global_batch, 0)
-        optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=tuple(t.betas),
+        optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas,
                                       fused=False, foreach=True)
         schedule = lambda step: lr_multiplier(step, r.steps, t.warmup_steps, t.schedule, t.min_lr_ratio, t.decay_fraction)  # noqa: E731
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -122,7 +118,9 @@ class RunLoop:
             state = json.loads((Path(d) / STATE_FILE).read_text())
             if state.get("run_id") != self.run.run_id:  # another run of the same pack
                 return fresh
-            self.engine.load_checkpoint(d, tag=CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+            from orchestrator.run.checkpoint import load_engine_checkpoint  # weights-only: storage is shared
+
+            load_engine_checkpoint(self.engine, d, CKPT_TAG)
         if state["mlflow_run_id"] != self.mlflow_run_id:
             # The checkpoint is the record of truth: continue the MLflow run it was writing.
             self.mlflow_run_id = state["mlflow_run_id"]
@@ -205,8 +203,8 @@ class RunLoop:
                 tmp = Path(d) / (STATE_FILE + ".tmp")
                 tmp.write_text(json.dumps(state))
                 tmp.rename(Path(d) / STATE_FILE)
-            size = sum(f.stat().st_size for f in Path(d).rglob("*") if f.is_file())
-            (size,) = self.dist.sum([float(size)], self.device)
+            own = sum(f.stat().st_size for f in Path(d).rglob("*") if f.is_file())
+            (size,) = self.dist.sum([float(own)], self.device)
             t1 = time.perf_counter()
             if _in_ray_train():
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
@@ -222,70 +220,51 @@ class RunLoop:
         self._build()
         state = self._restore()
         r = self.run
-        tps = r.train.tokens_per_step
-        client = metrics = None
-        if self.rank == 0:
-            client = client_for(self.tracking_uri)
-            metrics = MetricBuffer(client, self.mlflow_run_id, resume_after=last_logged_step(client, self.mlflow_run_id))
-            set_status(client, self.mlflow_run_id, STATUS_RUNNING)
-            if state["step"]:  # a restart: say from where, and count it
-                restarts = int(client.get_run(self.mlflow_run_id).data.tags.get("restarts", "0")) + 1
-                client.set_tag(self.mlflow_run_id, "restarts", str(restarts))
-                client.set_tag(self.mlflow_run_id, "resumed_from_tokens", str(state["step"] * tps))
+        rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world)
+        rec.start(state["step"])
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
-        t_last, tok_last = time.perf_counter(), step * tps
-        peak = _peak_flops()
-        kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0")) if self.first_attempt else 0
         self.engine.train()
         while step < r.steps:
-            if kill_at and step == kill_at:
-                os._exit(17)
+            if self.step_hook:
+                self.step_hook(step)
             t0 = time.perf_counter()
             loss, grad_norm = self._train_step(step)
             step += 1
             wall_s += time.perf_counter() - t0
-            tokens = step * tps
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                reason = f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at step {step} ({tokens} tokens): loss={loss}, grad_norm={grad_norm}"
-                if self.rank == 0:
-                    metrics.flush()
-                    set_status(client, self.mlflow_run_id, STATUS_FAILED, reason=reason, tokens=tokens)
-                    report_progress(self.board, r.run_id, tokens=tokens, planned=r.tokens, state="failed")
+            reason = _divergence(loss, grad_norm, step, step * r.train.tokens_per_step)
+            if reason:
+                rec.failed(step, reason)
                 return STATUS_FAILED
             is_last = step == r.steps
             is_eval = step % r.eval_every_steps == 0 or is_last
-            if self.rank == 0 and (step % r.train.log_every_steps == 0 or is_eval):
-                dt = max(time.perf_counter() - t_last, 1e-9)
-                thr = (tokens - tok_last) / dt
-                t_last, tok_last = time.perf_counter(), tokens
-                point = {"train/loss": loss, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
-                         "tokens": tokens, "flops": tokens * r.flops_per_token, "time/wall_s": wall_s,
-                         "throughput/tokens_per_s": thr}
-                if peak:
-                    point["throughput/mfu"] = thr * r.flops_per_token / (peak * self.world)
-                metrics.add(point, tokens)
-                report_progress(self.board, r.run_id, tokens=tokens, planned=r.tokens, loss=loss, state="running")
+            if step % r.train.log_every_steps == 0 or is_eval:
+                rec.train_point(step, loss, grad_norm, self.scheduler.get_last_lr()[0], wall_s)
             if is_eval:
-                val = self._evaluate(r.final_max_windows if is_last else r.eval_max_windows)
-                diag = self._diagnostics() if r.diagnostics else {}
                 evals += 1
-                if self.rank == 0:
-                    point = {"val/loss": val, "val/ppl": math.exp(min(val, 50.0)), **diag}
-                    if is_last:
-                        point.update({"final/val_loss": val, "final/val_ppl": math.exp(min(val, 50.0))})
-                    metrics.add(point, tokens)
-                    metrics.flush()
-                if not is_last and evals % r.checkpoint_every_evals == 0:
-                    st = {"step": step, "wall_s": wall_s, "evals": evals, "tokens": tokens,
-                          "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id}
-                    ckpt = self._checkpoint(st, {"tokens": tokens, "val_loss": val})
-                    if self.rank == 0:
-                        metrics.add(ckpt, tokens)
-        if self.rank == 0:
-            metrics.flush()
-            set_status(client, self.mlflow_run_id, STATUS_FINISHED, tokens=step * tps)
-            report_progress(self.board, r.run_id, tokens=step * tps, planned=r.tokens, state="finished")
+                self._eval_step(rec, step, wall_s, evals, is_last)
+        rec.finished(step)
         return STATUS_FINISHED
+
+    def _eval_step(self, rec: Recorder, step: int, wall_s: float, evals: int, is_last: bool) -> None:
+        """Evaluate (the full validation pass when ``is_last``), log it, and checkpoint every
+        ``checkpoint_every_evals`` evals (never after the last step: the run is done)."""
+        r = self.run
+        val = self._evaluate(r.final_max_windows if is_last else r.eval_max_windows)
+        diag = self._diagnostics() if r.diagnostics else {}
+        rec.eval_point(step, val, diag, final=is_last)
+        if not is_last and evals % r.checkpoint_every_evals == 0:
+            tokens = step * r.train.tokens_per_step
+            state = {"step": step, "wall_s": wall_s, "evals": evals, "tokens": tokens,
+                     "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id}
+            rec.checkpoint_point(step, self._checkpoint(state, {"tokens": tokens, "val_loss": val}))
+
+
+def _divergence(loss: float, grad_norm: float, step: int, tokens: int) -> str | None:
+    """Why the run must stop (a non-finite loss or gradient norm), or None."""
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return None
+    what = "loss" if not math.isfinite(loss) else "gradient norm"
+    return f"non-finite {what} at step {step} ({tokens} tokens): loss={loss}, grad_norm={grad_norm}"
 
 
 def _collective_device(on_gpu: bool) -> torch.device:
@@ -337,12 +316,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     ctx = ray.train.get_context()
-    first_attempt = ray.train.get_checkpoint() is None
+    first_attempt = ray.train.get_checkpoint() is None  # no checkpoint existed when the group started
+    step_hook = kill_hook_from_env() if first_attempt else None
     statuses = []
     for item in config["runs"]:
         loop = RunLoop(RunSpec.model_validate(item["run"]), item["data_path"], config["tracking_uri"],
                        item["mlflow_run_id"], ctx.get_world_rank(), ctx.get_world_size(), config.get("board"),
-                       first_attempt=first_attempt)
+                       step_hook=step_hook)
         statuses.append(loop.run_loop())
         del loop  # free the engine (weights, optimizer states) before the next run builds its own
         gc.collect()

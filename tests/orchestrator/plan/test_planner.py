@@ -113,3 +113,60 @@ def test_bench_study_plans_200_runs():
     runs = plan(parse_spec(STUDY))
     assert len(runs) == 200
     assert {r.resources.gpus_per_worker * r.resources.workers for r in runs} == {8}
+
+
+WALLCLOCK = {"mode": "wallclock", "tokens": 1_000_000}
+TABLE = {"cpu-xs": {"standard": 1000.0, "coupled": 250.0, "differential": 800.0},
+         "cpu-s": {"standard": 400.0, "coupled": 200.0, "differential": 100.0}}
+
+
+def test_wallclock_mode_takes_a_throughput_table_as_input(tmp_path):
+    study = parse_spec({**BASE, "budget": WALLCLOCK, "extend": [], "workdir": str(tmp_path)})
+    with pytest.raises(PlanError, match="qkstudy calibrate"):
+        plan(study)  # no table, none declared: nothing to match wall-clock with
+    runs = plan(study, TABLE)
+    for scale, thr in TABLE.items():
+        r = {x.variant: x for x in runs if x.scale == scale and x.seed == 0}
+        tps = r["standard"].train.tokens_per_step
+        for v in ("coupled", "differential"):
+            assert abs(r[v].tokens - r["standard"].tokens * thr[v] / thr["standard"]) <= tps
+    assert list(tmp_path.iterdir()) == []  # planning wrote nothing (and read no calibration file)
+    with pytest.raises(PlanError, match="at scale cpu-s"):
+        plan(study, {"cpu-xs": TABLE["cpu-xs"]})  # a scale missing from the table
+
+
+def test_declared_throughput_takes_precedence_over_the_table():
+    declared = {"standard": 1000.0, "coupled": 500.0, "differential": 800.0}
+    study = parse_spec({**BASE, "budget": {**WALLCLOCK, "throughput": declared}, "extend": []})
+    assert [r.tokens for r in plan(study, TABLE)] == [r.tokens for r in plan(study)]
+    assert [r.tokens for r in plan(study, TABLE)] != [r.tokens for r in plan(parse_spec({**BASE, "budget": WALLCLOCK, "extend": []}), TABLE)]
+
+
+def test_throughput_table_file_roundtrip(tmp_path):
+    from orchestrator.plan.throughput import calibration_path, load_calibration, save_calibration, throughput_table
+
+    study = parse_spec({**BASE, "budget": WALLCLOCK, "workdir": str(tmp_path / "w")})
+    assert load_calibration(study) is None and throughput_table(study) is None
+    path = save_calibration(study, TABLE)
+    assert path == calibration_path(study) and json.loads(path.read_text()) == TABLE
+    assert [p.name for p in path.parent.iterdir()] == ["calibration.json"]  # the temp file was renamed
+    assert throughput_table(study) == TABLE
+    figures = {"standard": 1.0, "coupled": 2.0, "differential": 3.0}
+    declared = parse_spec({**BASE, "budget": {**WALLCLOCK, "throughput": figures}, "workdir": str(tmp_path / "w")})
+    assert throughput_table(declared) == {"cpu-xs": figures, "cpu-s": figures}  # the spec wins over the file
+
+
+def test_planning_imports_no_ray_mlflow_or_deepspeed():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import orchestrator.plan.spec, orchestrator.plan.planner, orchestrator.plan.throughput\n"
+        "from orchestrator.plan.planner import plan\n"
+        "from orchestrator.plan.spec import parse_spec\n"
+        f"plan(parse_spec({{**{BASE!r}, 'budget': {WALLCLOCK!r}}}), {TABLE!r})\n"
+        "print(sorted(m for m in ('ray', 'mlflow', 'deepspeed') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -7,7 +7,8 @@ import ray
 
 from orchestrator.plan.planner import PlanError, plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.calibrate import calibrate, load_calibration, save_calibration
+from orchestrator.plan.throughput import load_calibration, save_calibration, throughput_table
+from orchestrator.run.calibrate import calibrate
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,10 @@ def test_calibrate_then_plan_wallclock(tmp_path):
     assert all(1e2 < v < 1e8 for v in table["cpu-xs"].values())
     path = save_calibration(study, table)
     assert json.loads(path.read_text()) == table == load_calibration(study)
-    runs = {r.variant: r for r in plan(study)}
+    assert throughput_table(study) == table
+    with pytest.raises(PlanError, match="qkstudy calibrate"):
+        plan(study)  # the planner reads no file: the caller passes the table
+    runs = {r.variant: r for r in plan(study, throughput_table(study))}
     thr = table["cpu-xs"]
     tps = runs["standard"].train.tokens_per_step
     expect = runs["standard"].tokens * thr["coupled"] / thr["standard"]

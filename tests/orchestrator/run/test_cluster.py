@@ -81,7 +81,7 @@ def cluster(tmp_path_factory):
                                        *own_ports(), *common],
                                       env=env, start_new_session=True, stdout=open(tmp / "worker.log", "w"),
                                       stderr=subprocess.STDOUT))
-        probe = "import ray; ray.init(address='127.0.0.1:%d', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))" % gcs
+        probe = f"import ray; ray.init(address='127.0.0.1:{gcs}', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
         while True:
             n = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout.strip()
             if n == "2":

@@ -11,7 +11,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.runner import capacity, dispatch, launch_order, unschedulable_reason
+from orchestrator.run.packing import launch_order
+from orchestrator.run.placement import capacity, unschedulable_reason
+from orchestrator.run.runner import dispatch
 
 pytestmark = pytest.mark.slow
 

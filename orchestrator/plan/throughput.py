@@ -1,0 +1,73 @@
+"""Throughput tables: tokens/s of every (scale, variant) of a study, declared or measured.
+
+A table is ``{scale: {variant name: tokens/s of one run with the study's worker count}}``.
+``wallclock`` budgets and the device-hour estimate of ``qkstudy plan`` read it. Two sources:
+figures declared in the spec (``budget.throughput``, the same at every scale), which take
+precedence, and the file ``qkstudy calibrate`` writes (``<workdir>/calibration.json``; the
+measurement itself is ``orchestrator.run.calibrate``). This module only reads and writes
+tables: no Ray, no hardware, so the planner stays a pure function of its inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.plan.spec import Study
+
+if TYPE_CHECKING:  # the planner imports this module
+    from orchestrator.plan.planner import RunSpec
+
+CALIBRATION_FILE = "calibration.json"
+
+ThroughputTable = dict[str, dict[str, float]]
+
+
+def declared_throughput(study: Study) -> ThroughputTable | None:
+    """The spec's ``budget.throughput`` repeated for every scale, or None when not declared."""
+    if not study.budget.throughput:
+        return None
+    return {s: dict(study.budget.throughput) for s in study.scales}
+
+
+def calibration_path(study: Study) -> Path:
+    """Where the study's calibration table lives: ``<workdir>/calibration.json``."""
+    return study.workdir_path / CALIBRATION_FILE
+
+
+def save_calibration(study: Study, table: ThroughputTable) -> Path:
+    """Write the table atomically (temp file, then rename); returns its path."""
+    p = calibration_path(study)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(table, indent=2, sort_keys=True))
+    os.replace(tmp, p)
+    return p
+
+
+def load_calibration(study: Study) -> ThroughputTable | None:
+    """The saved table, or None when the study was never calibrated."""
+    p = calibration_path(study)
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def throughput_table(study: Study) -> ThroughputTable | None:
+    """Tokens/s per scale and variant: the spec's declared figures, else the calibration
+    file, else None. This is what callers pass to ``plan(study, throughput=...)``."""
+    return declared_throughput(study) or load_calibration(study)
+
+
+def device_hours(run: RunSpec, table: ThroughputTable) -> float | None:
+    """Device-hours of a run: tokens / (tokens/s of the run) x its devices / 3600.
+
+    Devices are GPUs (workers x gpus_per_worker) or, on CPU, the workers. None when the
+    table has no tokens/s for the run's (scale, variant).
+    """
+    tps = (table.get(run.scale) or {}).get(run.variant)
+    if not tps:
+        return None
+    r = run.resources
+    devices = r.workers * (r.gpus_per_worker or 1)
+    return run.tokens / tps * devices / 3600

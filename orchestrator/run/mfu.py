@@ -1,0 +1,46 @@
+"""Model FLOPs utilization (MFU): the share of the devices' peak FLOP/s a run's model FLOPs use.
+
+MFU counts model FLOPs (the definition, DESIGN.md "Conventions"), not what kernels execute,
+so it is comparable across implementations; it is logged as ``throughput/mfu`` on GPUs
+whose peak is known, and absent on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Peak dense bf16 FLOP/s per device, for MFU (vendor datasheets). A device name matches the
+# first key it contains.
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
+    """Model FLOPs utilization: ``flops_per_token x tokens_per_s / peak_flops``.
+
+    Args:
+        flops_per_token: training FLOPs per token (3 x forward: ``RunSpec.flops_per_token``).
+        tokens_per_s: tokens the whole run (all workers together) trains per second.
+        peak_flops: peak FLOP/s of all the run's devices together (per device x devices).
+
+    Returns:
+        A fraction (1.0 = every device at its datasheet peak).
+
+    The estimate of nanoGPT's ``GPT.estimate_mfu`` (karpathy/nanoGPT ``model.py``: achieved
+    FLOP/s over promised FLOP/s, after the PaLM paper's appendix B, Chowdhery et al. 2022),
+    with the model's own FLOP count in place of nanoGPT's ``6N + 12 L H Q T`` and the device's
+    peak in place of the A100's 312e12.
+    """
+    return flops_per_token * tokens_per_s / peak_flops
+
+
+def peak_flops_of(device_name: str) -> float | None:
+    """Peak dense bf16 FLOP/s of a device by its CUDA name (``"NVIDIA H100 80GB HBM3"``), or
+    None when ``PEAK_FLOPS`` does not list it."""
+    return next((v for k, v in PEAK_FLOPS.items() if k in device_name), None)
+
+
+def device_peak_flops() -> float | None:
+    """Peak bf16 FLOP/s of this process's CUDA device; None on CPU or an unlisted device."""
+    if not torch.cuda.is_available():
+        return None
+    return peak_flops_of(torch.cuda.get_device_name())

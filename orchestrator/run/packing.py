@@ -1,0 +1,121 @@
+"""Packs: runs trained back to back by one Ray Train worker group, and the task that owns it.
+
+Starting a worker group costs seconds per run (``resources.runs_per_trainer``, BENCHMARKS.md),
+so the plan's launch order (longest first) is cut into fixed packs of consecutive runs. A
+pack is fixed by the plan, not by what is left to do, so a resubmitted study finds each
+pack's checkpoints under the same Ray Train run name. ``fit_pack`` is the lightweight Ray
+task that owns one pack's TorchTrainer and reads each run's outcome back from MLflow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from orchestrator.plan.planner import RunSpec
+from orchestrator.run.placement import worker_resources
+from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status, set_status
+
+# The controller checks its workers this often; a finished run is noticed at the next check.
+# Ray's default (2 s) adds seconds to every short run; the check is one cheap actor call.
+_HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+_HEALTH_CHECK_S = "0.5"
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Runs trained back to back by one Ray Train worker group (``resources.runs_per_trainer``).
+
+    ``name`` is the Ray Train run name, under which the group's checkpoints live: the run id
+    when ``runs_per_trainer`` is 1, else a hash of the ids of every run the plan put in the
+    pack, so a resubmitted study finds the same checkpoints whichever of its runs are done."""
+
+    name: str
+    runs: tuple[RunSpec, ...]
+
+
+def launch_order(runs: list[RunSpec]) -> list[RunSpec]:
+    """Longest first (by total FLOPs per worker): list scheduling in LPT order keeps the
+    makespan near max(longest run, total work / capacity)."""
+    return sorted(runs, key=lambda r: -r.total_flops / r.resources.workers)
+
+
+def make_packs(order: list[RunSpec], todo_ids: set[str]) -> list[Pack]:
+    """Cut the plan's launch order into packs of ``runs_per_trainer`` consecutive runs (similar
+    lengths, as the order is longest first), then keep only the runs in ``todo_ids``."""
+    packs = []
+    size = order[0].resources.runs_per_trainer if order else 1
+    for i in range(0, len(order), size):
+        chunk = order[i:i + size]
+        name = chunk[0].run_id if size == 1 else \
+            "pack-" + hashlib.sha256(",".join(r.run_id for r in chunk).encode()).hexdigest()[:16]
+        keep = tuple(r for r in chunk if r.run_id in todo_ids)
+        if keep:
+            packs.append(Pack(name, keep))
+    return packs
+
+
+def pack_items(pack: Pack, datasets: dict[str, dict[str, Any]], mlflow_ids: dict[str, str]) -> list[dict[str, Any]]:
+    """What ``fit_pack`` hands the workers: [{run (as JSON), data_path, mlflow_run_id}] per run."""
+    return [{"run": r.model_dump(mode="json"), "data_path": datasets[r.corpus_name]["path"],
+             "mlflow_run_id": mlflow_ids[r.run_id]} for r in pack.runs]
+
+
+def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None):
+    """The pack's TorchTrainer: workers sized from the runs' (shared) resources block, the
+    pack's name and storage for its checkpoints, ``max_retries`` worker-group restarts."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from orchestrator.run.worker import train_loop_per_worker
+
+    res = RunSpec.model_validate(items[0]["run"]).resources
+    use_gpu = res.gpus_per_worker > 0
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"runs": items, "tracking_uri": tracking_uri, "board": board},
+        scaling_config=ScalingConfig(num_workers=res.workers, use_gpu=use_gpu, resources_per_worker=worker_resources(res)),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=res.max_retries),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+    )
+
+
+def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dict[str, str]]:
+    """{run_id: {status, reason}} from MLflow; a run the group did not end (it crashed before
+    the run finished or started) is marked failed there with the crash as its reason."""
+    client = client_for(tracking_uri)
+    out = {}
+    for item in items:
+        run_id, mlflow_id = item["run"]["run_id"], item["mlflow_run_id"]
+        record = client.get_run(mlflow_id)
+        status, reason = run_status(record), record.data.tags.get("failure_reason", "")
+        if status != STATUS_FINISHED and not (status == STATUS_FAILED and reason):
+            reason = crash or "the worker group ended before this run did"
+            status = STATUS_FAILED
+            set_status(client, mlflow_id, STATUS_FAILED, reason=reason)
+        out[run_id] = {"status": status, "reason": reason}
+    return out
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def fit_pack(name: str, items: list[dict], tracking_uri: str, storage_path: str,
+             board: str | None) -> dict[str, dict[str, str]]:
+    """Owns one pack's TorchTrainer; ``items``: ``pack_items``. Returns {run_id: {status,
+    reason}}. Any failure is recorded in MLflow, never raised."""
+    os.environ.setdefault(_HEALTH_CHECK_ENV, _HEALTH_CHECK_S)  # Ray Train hands it to its controller
+    trainer = _trainer(name, items, tracking_uri, storage_path, board)
+    crash = ""
+    try:
+        trainer.fit()
+    except Exception as e:  # noqa: BLE001 - a failing run never takes the study down
+        crash = f"{type(e).__name__}: {e}"
+        cause = getattr(e, "__cause__", None) or getattr(e, "worker_failures", None)
+        if cause:
+            crash += f" (cause: {cause})"
+    return _outcomes(items, tracking_uri, crash)
