@@ -3,12 +3,17 @@
 Attention is projection -> QK transform -> scoring kernel, so a variant swaps one middle
 stage and keeps the fused SDPA path: `standard` (identity + SDPA), `coupled` (coupled QK
 dynamics, Euler or leapfrog), `uncoupled_mlp` (q-only MLP control), `differential`
-(Differential Attention) and `coupled_differential` (both). Every module reports its
-parameters and `num_flops_per_token(seq_len)`; the model sums them, and `model.info`
-cross-checks the sum against torch's FlopCounterMode. No distributed code lives here.
+(Differential Attention) and `coupled_differential` (both). Each variant is one entry of
+`model.registry` (its stages, options and defaults); adding one is a module plus a
+`register` call. Every module reports its parameters and `num_flops_per_token(seq_len)`
+(model FLOPs, the definition's); the model sums them, and `model.info` cross-checks the
+sum against torch's FlopCounterMode. The same seed gives every variant the same backbone
+weights (`model.init`). No distributed code lives here.
 """
 from model.config import VARIANTS, ModelConfig
 from model.gpt import GPT, ModelCounts, count_model
 from model.presets import PRESETS, build_config
+from model.registry import REGISTRY, Variant, get_variant, register
 
-__all__ = ["GPT", "ModelConfig", "ModelCounts", "PRESETS", "VARIANTS", "build_config", "count_model"]
+__all__ = ["GPT", "ModelConfig", "ModelCounts", "PRESETS", "REGISTRY", "VARIANTS", "Variant", "build_config",
+           "count_model", "get_variant", "register"]

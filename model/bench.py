@@ -17,6 +17,7 @@ A variant spec is NAME or NAME:opt=value,opt=value with options of `build_config
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -27,10 +28,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from model.config import ModelConfig
 from model.gpt import GPT, count_model
 from model.presets import PRESETS, build_config
 
@@ -47,9 +49,9 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"variant spec {spec!r}: option {item!r} is not key=value")
-        for cast in (int, float):
+        for convert in (int, float):
             try:
-                opts[key] = cast(value)
+                opts[key] = convert(value)
                 break
             except ValueError:
                 continue
@@ -87,66 +89,78 @@ def machine_description() -> str:
             f"{torch.get_num_threads()} threads, load avg {os.getloadavg()[0]:.2f}")
 
 
-def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_size: int,
-              vocab_size: int, seq_len: int | None, device: str, peak_tflops: float | None,
-              warmup: int = 2) -> list[BenchResult]:
-    """Time each variant spec (see module docstring); the first spec must be 'standard'."""
+@dataclass
+class _Run:
+    spec: str
+    cfg: ModelConfig
+    model: GPT
+    opt: torch.optim.Optimizer
+    idx: torch.Tensor  # [batch, seq_len + 1] fixed random tokens
+
+
+def _build_runs(preset: str, specs: list[str], batch_size: int, vocab_size: int, seq_len: int | None,
+                device: str) -> list[_Run]:
+    """One model (seed 0), AdamW and fixed batch per spec; 'standard' first."""
     if specs[0] != "standard":
         specs = ["standard", *[s for s in specs if s != "standard"]]
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else None
     runs = []
     for spec in specs:
         name, opts = parse_variant(spec)
         cfg = build_config(preset, name, vocab_size=vocab_size, seq_len=seq_len, **opts)
-        torch.manual_seed(0)
-        model = GPT(cfg).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        model = GPT(cfg, seed=0).to(device)
         g = torch.Generator().manual_seed(0)
         idx = torch.randint(0, vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
-        runs.append((spec, cfg, model, opt, idx))
+        runs.append(_Run(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=3e-4), idx))
+    return runs
 
-    def step(model, opt, idx):
-        opt.zero_grad(set_to_none=True)
-        if amp is not None:
-            with amp:
-                _, loss = model(idx[:, :-1], idx[:, 1:])
-        else:
-            _, loss = model(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        opt.step()
 
-    def timed(run) -> tuple[float, float]:
-        """(wall seconds, process CPU seconds) per step."""
-        _, _, model, opt, idx = run
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            step(model, opt, idx)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+def _step(run: _Run, amp: Any) -> None:
+    """One optimizer step (forward, backward, AdamW) on the run's fixed batch."""
+    run.opt.zero_grad(set_to_none=True)
+    with amp if amp is not None else contextlib.nullcontext():
+        _, loss = run.model(run.idx[:, :-1], run.idx[:, 1:])
+    cast(torch.Tensor, loss).backward()  # not None: targets were given
+    run.opt.step()
 
+
+def _timed(run: _Run, steps: int, amp: Any, cuda: bool) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) per step over `steps` steps."""
+    if cuda:
+        torch.cuda.synchronize()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        _step(run, amp)
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+
+
+def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_size: int,
+              vocab_size: int, seq_len: int | None, device: str, peak_tflops: float | None,
+              warmup: int = 2) -> list[BenchResult]:
+    """Time each variant spec (see module docstring); 'standard' is put first (the reference).
+    Raises ValueError for a bad spec (`parse_variant`, `build_config`)."""
+    cuda = device.startswith("cuda")
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else None
+    runs = _build_runs(preset, specs, batch_size, vocab_size, seq_len, device)
     for run in runs:
         for _ in range(warmup):
-            step(*run[2:])
+            _step(run, amp)
     times: list[list[float]] = [[] for _ in runs]
     cpu: list[list[float]] = [[] for _ in runs]
     for r in range(repeats):
-        order = [(i + r) % len(runs) for i in range(len(runs))]  # rotate to cancel position bias
-        for i in order:
-            wall, cpu_s = timed(runs[i])
+        for i in [(i + r) % len(runs) for i in range(len(runs))]:  # rotate to cancel position bias
+            wall, cpu_s = _timed(runs[i], steps, amp, cuda)
             times[i].append(wall)
             cpu[i].append(cpu_s)
-
-    std_flops = count_model(runs[0][1]).flops_per_token
+    std_flops = count_model(runs[0].cfg).flops_per_token
     results = []
-    for (spec, cfg, *_), ts, cs in zip(runs, times, cpu):
+    for run, ts, cs in zip(runs, times, cpu):
         step_s = statistics.median(ts)
-        tokens_per_s = batch_size * cfg.seq_len / step_s
-        fpt = count_model(cfg).flops_per_token
+        tokens_per_s = batch_size * run.cfg.seq_len / step_s
+        fpt = count_model(run.cfg).flops_per_token
         results.append(BenchResult(
-            spec=spec, step_s=step_s, tokens_per_s=tokens_per_s,
+            spec=run.spec, step_s=step_s, tokens_per_s=tokens_per_s,
             ratio=statistics.median(t / t0 for t, t0 in zip(ts, times[0])),
             cpu_ratio=statistics.median(c / c0 for c, c0 in zip(cs, cpu[0])),
             flop_ratio=fpt / std_flops, flops_per_token=fpt,

@@ -1,25 +1,25 @@
 """Model configuration: one validated, immutable record per model.
 
-Every number that changes the parameter or FLOP count lives here, so a config
-(plus a seed) fully determines a model. Build configs from a named preset with
+Every number that changes the parameter or FLOP count lives here, so a config (plus a
+seed) fully determines a model. Build configs from a named preset with
 `model.presets.build_config`; construct `ModelConfig` directly only in tests.
+
+A variant's options (e.g. coupled's `integrator`, `n_steps`) are validated by the variant's
+entry in `model.registry` and stored, every default filled in, in `options`. They travel
+flat: `ModelConfig(variant="coupled", n_steps=3)` is accepted and `model_dump()` puts them
+beside the shape fields, so `ModelConfig(**cfg.model_dump()) == cfg` and MLflow params
+read `model.n_steps`.
 """
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-VARIANTS: tuple[str, ...] = (
-    "standard",
-    "coupled",
-    "uncoupled_mlp",
-    "differential",
-    "coupled_differential",
-)
-"""Attention variants selectable by name in a study spec."""
+from model.registry import CONFIG_FIELDS, VARIANTS, get_variant, resolve_options
 
-Variant = Literal["standard", "coupled", "uncoupled_mlp", "differential", "coupled_differential"]
+__all__ = ["VARIANTS", "ModelConfig"]
 
 
 class ModelConfig(BaseModel):
@@ -29,14 +29,12 @@ class ModelConfig(BaseModel):
         vocab_size: tokens in the vocabulary.
         seq_len: maximum context length [tokens]; size of the learned position table.
         n_layer, d_model, n_head: depth, width, attention heads; head_dim = d_model / n_head.
-        variant: one of `VARIANTS`.
-        integrator: "euler" or "leapfrog" (coupled variants only).
-        n_steps: integration steps of the QK transform, 1..7 (coupled and uncoupled_mlp).
-        coupling_hidden: hidden width of the coupling MLP f; None means head_dim.
-        coupling_sharing: "layer" (one f shared by the layer's heads) or "head" (one f per head).
-        dt_init: initial value of the learned per-head step dt.
+        variant: a name in `VARIANTS` (`model.registry`).
+        options: the variant's options with defaults filled in (see its registry entry);
+            given either as options={...} or flat as keyword arguments.
 
-    Raises pydantic.ValidationError (a ValueError) naming the offending field.
+    Raises pydantic.ValidationError (a ValueError) naming the offending field: an unknown
+    variant or option lists the allowed ones.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -46,28 +44,38 @@ class ModelConfig(BaseModel):
     n_layer: int = Field(gt=0)
     d_model: int = Field(gt=0)
     n_head: int = Field(gt=0)
-    variant: Variant = "standard"
-    integrator: Literal["euler", "leapfrog"] = "euler"
-    n_steps: int = Field(default=1, ge=1, le=7)
-    coupling_hidden: int | None = Field(default=None, gt=0)
-    coupling_sharing: Literal["layer", "head"] = "layer"
-    dt_init: float = 0.1
+    variant: str = "standard"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_options(cls, data: Any) -> Any:
+        """Collect flat option keywords into `options` and validate them with the registry."""
+        if not isinstance(data, dict):
+            return data
+        out = {k: v for k, v in data.items() if k in CONFIG_FIELDS}
+        flat = {k: v for k, v in data.items() if k not in CONFIG_FIELDS}
+        out["options"] = resolve_options(out.get("variant", "standard"), {**(out.get("options") or {}), **flat})
+        return out
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        if self.variant in ("differential", "coupled_differential") and self.n_head % 2:
+        if get_variant(self.variant).paired_heads and self.n_head % 2:
             raise ValueError(
                 f"variant {self.variant!r} splits heads into pairs: n_head={self.n_head} must be even"
             )
         return self
 
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        return {**{k: v for k, v in data.items() if k != "options"}, **data.get("options", {})}
+
+    def __hash__(self) -> int:  # options is a dict: hash the canonical flat form (frozen, so stable)
+        return hash(json.dumps(self.model_dump(), sort_keys=True))
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
-
-    @property
-    def hidden(self) -> int:
-        """Hidden width of the coupling MLP f (defaults to head_dim)."""
-        return self.coupling_hidden or self.head_dim

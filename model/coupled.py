@@ -21,7 +21,8 @@ positive: a negative dt is the time-reversed flow, which keeps leapfrog invertib
 dt = 0 recovers standard attention exactly.
 
 f is head_dim -> hidden -> head_dim with SiLU (`CouplingMLP`), one per layer shared by all
-heads (default, +0.11% parameters at 60M as in the paper) or one per head. Shared f runs
+heads (default, +0.11% parameters at 60M as in the paper) or one per head. Its biases start
+at zero, so f(0) = 0: f has no input-independent output at init (see `CouplingMLP`). Shared f runs
 all heads and tokens through one matmul on a [B*T*H, head_dim] view; per-head f is one
 batched matmul over heads. There are no Python loops over heads; the only loop is over
 integration steps, which are sequential by definition.
@@ -29,22 +30,66 @@ integration steps, which are sequential by definition.
 FLOPs (forward, per token, per layer): each evaluation of f costs
 2 * (head_dim * hidden + hidden * head_dim) per head (matmuls only, as everywhere in this
 package; the integrator's axpy updates, biases and SiLU are elementwise and not counted).
+
+Options (`DynamicsOptions`, `CoupledOptions`) and the factories `coupled_qk` / `uncoupled_qk`
+are what `model.registry` names for the variants built from these transforms.
 """
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
+
+from model.init import uniform_
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
+
+
+class DynamicsOptions(BaseModel):
+    """Options of the learned-dynamics variants (`uncoupled_mlp`, and with `integrator` the
+    coupled ones), with their defaults.
+
+    n_steps: integration steps, 1..7. coupling_hidden: hidden width of f (None: head_dim).
+    coupling_sharing: "layer" (one f shared by the layer's heads) or "head" (one f per head).
+    dt_init: initial value of the learned per-head step dt.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_steps: int = Field(default=1, ge=1, le=7)
+    coupling_hidden: int | None = Field(default=None, gt=0)
+    coupling_sharing: Literal["layer", "head"] = "layer"
+    dt_init: float = 0.1
+
+
+class CoupledOptions(DynamicsOptions):
+    """`DynamicsOptions` plus integrator: "euler" or "leapfrog"."""
+
+    integrator: Literal["euler", "leapfrog"] = "euler"
 
 
 class CouplingMLP(nn.Module):
     """f: head_dim -> hidden -> head_dim with SiLU, shared per layer (groups=1) or per head.
 
     Input/output [B, T, H, head_dim]. Weights are stored in nn.Linear layout
-    ([groups, out, in]) and initialised like nn.Linear (uniform, bound 1/sqrt(fan_in)), so
-    f(q) has the same scale as q regardless of the backbone's small init.
+    ([groups, out, in]) and drawn like nn.Linear's (uniform, bound 1/sqrt(fan_in), variance
+    1/(3 fan_in)); both biases start at zero.
+
+    Scale at init: for inputs whose components have std s (q at init: s = 0.02 * sqrt(d_model),
+    0.23 at cpu-xs, 0.45 at 60m), each layer scales the std by 1/sqrt(3) and SiLU by about 1/2
+    near 0, so std f(q) ~ s / 6 (measured 0.16 s to 0.18 s for s <= 0.45, head_dim 32 and
+    64): a sixth of q's scale, not q's. Zero biases give f(0) = 0, so f has no
+    input-independent output. A constant output c would shift every query of `UncoupledQK`
+    by dt * c (a per-key score bias, which changes attention) but every key of `CoupledQK`
+    by dt * c (a per-query constant, which softmax cancels): it would perturb the control
+    and the coupled model differently. With it gone, each starts as standard attention plus
+    its own q-dependent term only (uncoupled: dt * f(q); coupled: dt * k into q, dt * f(q)
+    into k).
     """
 
     def __init__(self, head_dim: int, hidden: int, n_head: int, sharing: str):
@@ -59,11 +104,12 @@ class CouplingMLP(nn.Module):
         self.b2 = nn.Parameter(torch.empty(groups, head_dim))
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Redraw w1 then w2 from generator (None: the global RNG); zero both biases."""
         for w, b, fan_in in ((self.w1, self.b1, self.head_dim), (self.w2, self.b2, self.hidden)):
-            bound = 1.0 / math.sqrt(fan_in)
-            nn.init.uniform_(w, -bound, bound)
-            nn.init.uniform_(b, -bound, bound)
+            uniform_(w, 1.0 / math.sqrt(fan_in), generator)
+            with torch.no_grad():
+                b.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w1.shape[0] == 1:  # shared: one GEMM over every (token, head) row
@@ -85,7 +131,7 @@ class IdentityQK(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
 
-    def num_flops_per_token(self) -> int:
+    def num_flops_per_token(self, seq_len: int) -> int:
         return 0
 
 
@@ -102,8 +148,9 @@ class _DynamicsQK(nn.Module):
         self.f = CouplingMLP(head_dim, hidden, n_head, sharing)
         self.dt = nn.Parameter(torch.full((n_head, 1), float(dt_init)))
 
-    def reset_parameters(self) -> None:
-        self.f.reset_parameters()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Redraw f from generator (None: the global RNG); dt back to dt_init."""
+        self.f.reset_parameters(generator)
         with torch.no_grad():
             self.dt.fill_(self.dt_init)
 
@@ -116,7 +163,9 @@ class _DynamicsQK(nn.Module):
         broadcast over [B, T, H, head_dim] leaves head_dim-long inner loops, ~10x slower)."""
         return self.dt.expand(-1, head_dim).reshape(-1)
 
-    def num_flops_per_token(self) -> int:
+    def num_flops_per_token(self, seq_len: int) -> int:
+        """Forward FLOPs per token: evaluations of f x FLOPs of one evaluation (per-token
+        work, so seq_len is ignored)."""
         return self.n_evaluations() * self.f.num_flops_per_token()
 
 
@@ -169,3 +218,19 @@ class UncoupledQK(_DynamicsQK):
         for _ in range(self.n_steps):
             q = torch.addcmul(q.flatten(2), dt, self.f(q).flatten(2)).view(shape)
         return q, k
+
+
+def _dynamics_args(cfg: ModelConfig, o: DynamicsOptions) -> dict:
+    return dict(n_head=cfg.n_head, head_dim=cfg.head_dim, hidden=o.coupling_hidden or cfg.head_dim,
+                sharing=o.coupling_sharing, n_steps=o.n_steps, dt_init=o.dt_init)
+
+
+def coupled_qk(cfg: ModelConfig) -> CoupledQK:
+    """The `CoupledQK` of a config whose options are `CoupledOptions`."""
+    o = CoupledOptions(**cfg.options)
+    return CoupledQK(**_dynamics_args(cfg, o), integrator=o.integrator)
+
+
+def uncoupled_qk(cfg: ModelConfig) -> UncoupledQK:
+    """The `UncoupledQK` of a config whose options are `DynamicsOptions`."""
+    return UncoupledQK(**_dynamics_args(cfg, DynamicsOptions(**cfg.options)))

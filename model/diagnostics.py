@@ -1,4 +1,4 @@
-"""Attention diagnostics on a probe batch: entropy, effective rank, spectral gap.
+"""Attention diagnostics on a probe of validation windows: entropy, effective rank, spectral gap.
 
 For every layer the explicit attention maps A [B, heads, T, T] are recomputed from the
 layer's input (captured by a forward pre-hook during one no-grad forward pass), then:
@@ -9,56 +9,129 @@ layer's input (captured by a forward pre-hook during one no-grad forward pass), 
 * spectral gap: 1 - sigma_2 / sigma_1 of A (relative gap between its two largest singular
   values; 0 = no dominant direction, 1 = rank one).
 
-Each is averaged over batch and heads per layer, then over layers. Differential attention
-is measured on its signed map A1 - lambda * A2, with the entropy taken over |row| / sum|row|.
+Per window each is averaged over heads and layers; the result is the mean over the probe's
+windows with their spread (sample standard deviation across windows), plus per-layer means.
+A probe should hold at least `PROBE_WINDOWS` windows (two windows say little). Differential
+attention is measured on its signed map A1 - lambda * A2, with the entropy taken over
+|row| / sum|row|.
+
+Distributed use: the maps come from module calls (qkv, QK transform), which a sharded
+engine's hooks gather, except lambda, which the diagnostics read directly from the four
+lambda vectors of each differential layer. They read them once, through `layer_lambdas`,
+inside `gather(lambda_parameters(model))`: under DeepSpeed ZeRO-3 pass
+`gather=deepspeed.zero.GatheredParameters` (this package imports no DeepSpeed). A lambda
+vector that is still partitioned (empty) raises instead of silently reading lambda_init.
 """
 from __future__ import annotations
 
+import contextlib
+import statistics
+from collections.abc import Callable
+from typing import Any
+
 import torch
+from torch import nn
 
 from model.gpt import GPT
+from model.scoring import DifferentialScoring
+
+PROBE_WINDOWS = 16
+"""Windows a probe should hold so that the spread across windows means something."""
+
+NAMES = ("entropy", "effective_rank", "spectral_gap")
+
+Gather = Callable[[list[nn.Parameter]], contextlib.AbstractContextManager[Any]]
+
+
+def _window_stats(a: torch.Tensor) -> torch.Tensor:
+    """[3, B]: (entropy, effective rank, spectral gap) of maps a [B, H, T, T], mean over heads."""
+    a = a.double()
+    p = a.abs()
+    p = p / p.sum(-1, keepdim=True)
+    entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1).mean(-1)  # [B, H]
+    s = torch.linalg.svdvals(a)  # [B, H, T], descending
+    ps = s / s.sum(-1, keepdim=True)
+    eff_rank = torch.exp(-(ps * torch.log(ps.clamp_min(1e-300))).sum(-1))
+    gap = 1 - s[..., 1] / s[..., 0] if s.shape[-1] > 1 else torch.zeros_like(eff_rank)
+    return torch.stack([entropy, eff_rank, gap]).mean(-1)
 
 
 def _map_stats(a: torch.Tensor) -> tuple[float, float, float]:
     """(entropy, effective rank, spectral gap) averaged over maps a [B, H, T, T]."""
-    a = a.double()
-    p = a.abs()
-    p = p / p.sum(-1, keepdim=True)
-    entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1).mean()
-    s = torch.linalg.svdvals(a)  # [B, H, T], descending
-    ps = s / s.sum(-1, keepdim=True)
-    eff_rank = torch.exp(-(ps * torch.log(ps.clamp_min(1e-300))).sum(-1)).mean()
-    gap = (1 - s[..., 1] / s[..., 0]).mean() if s.shape[-1] > 1 else torch.zeros(())
-    return entropy.item(), eff_rank.item(), gap.item()
+    e, r, g = _window_stats(a).mean(-1).tolist()
+    return e, r, g
 
 
-@torch.no_grad()
-def attention_diagnostics(model: GPT, idx: torch.Tensor) -> dict[str, float]:
-    """Diagnostics of `model` on probe tokens idx [B, T] (T >= 2), as MLflow-ready keys.
+def _blocks(model: GPT) -> list[Any]:
+    return list(model.blocks)
 
-    Returns "attn/entropy", "attn/effective_rank", "attn/spectral_gap" (means over layers)
-    and "attn/<metric>/layer_{i}" for each 0-based layer i. Raises ValueError if T < 2.
-    The model's train/eval mode is restored afterwards.
+
+def lambda_parameters(model: GPT) -> list[nn.Parameter]:
+    """Every parameter the diagnostics read outside a module's forward: the lambda vectors of
+    each differential layer (empty for variants without them). Gather these under ZeRO-3."""
+    return [p for b in _blocks(model) if isinstance(b.attn.scoring, DifferentialScoring)
+            for p in b.attn.scoring.lambda_parameters()]
+
+
+def layer_lambdas(model: GPT, gather: Gather | None = None) -> list[float | None]:
+    """Lambda of each layer (None where the layer has none), read inside
+    gather(lambda_parameters(model)) when gather is given.
+
+    Raises RuntimeError if a lambda vector is empty (partitioned by ZeRO-3 and not gathered).
     """
-    if idx.dim() != 2 or idx.shape[1] < 2:
-        raise ValueError(f"probe batch must be [B, T] with T >= 2, got shape {tuple(idx.shape)}")
+    params = lambda_parameters(model)
+    with gather(params) if gather is not None and params else contextlib.nullcontext():
+        if any(p.numel() == 0 for p in params):
+            raise RuntimeError("differential lambda parameters are partitioned (ZeRO-3): pass "
+                               "gather=deepspeed.zero.GatheredParameters to attention_diagnostics")
+        return [float(b.attn.scoring.lambda_full().detach()) if isinstance(b.attn.scoring, DifferentialScoring) else None
+                for b in _blocks(model)]
+
+
+def _layer_inputs(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's attention input for probe tokens idx, from one forward pass."""
     inputs: list[torch.Tensor] = []
-    hooks = [b.attn.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
-             for b in model.blocks]
-    was_training = model.training
-    model.eval()
+    hooks = [b.attn.register_forward_pre_hook(lambda _m, args: inputs.append(args[0])) for b in _blocks(model)]
     try:
         model(idx)
     finally:
         for h in hooks:
             h.remove()
+    return inputs
+
+
+@torch.no_grad()
+def attention_diagnostics(model: GPT, idx: torch.Tensor, batch_size: int = 8,
+                          gather: Gather | None = None) -> dict[str, float]:
+    """Diagnostics of `model` on probe windows idx [W, T] (T >= 2), as MLflow-ready keys.
+
+    Returns, for each metric in `NAMES`: "attn/<metric>" (mean over windows of the
+    layer-averaged value), "attn/<metric>/std" (its sample std across the W windows; 0 if
+    W = 1) and "attn/<metric>/layer_{i}" (mean over windows) for each 0-based layer i; plus
+    "attn/probe_windows" = W. Windows run batch_size at a time (maps are T x T per head).
+    gather: see the module docstring (ZeRO-3). The model's train/eval mode is restored.
+    Raises ValueError if idx is not [W, T] with T >= 2.
+    """
+    if idx.dim() != 2 or idx.shape[1] < 2:
+        raise ValueError(f"probe batch must be [B, T] with T >= 2, got shape {tuple(idx.shape)}")
+    lambdas = layer_lambdas(model, gather)
+    was_training = model.training
+    model.eval()
+    try:
+        chunks = []  # [L, 3, B] per chunk of windows
+        for part in idx.split(batch_size):
+            inputs = _layer_inputs(model, part)
+            chunks.append(torch.stack([_window_stats(b.attn.attention_map(x, lam))
+                                       for b, x, lam in zip(_blocks(model), inputs, lambdas)]))
+    finally:
         model.train(was_training)
-    out: dict[str, float] = {}
-    names = ("entropy", "effective_rank", "spectral_gap")
-    per_layer = [_map_stats(b.attn.attention_map(x)) for b, x in zip(model.blocks, inputs)]
-    for i, stats in enumerate(per_layer):
-        for name, value in zip(names, stats):
-            out[f"attn/{name}/layer_{i}"] = value
-    for j, name in enumerate(names):
-        out[f"attn/{name}"] = sum(s[j] for s in per_layer) / len(per_layer)
+    stats = torch.cat(chunks, dim=-1)  # [L, 3, W]
+    per_window = stats.mean(0)  # [3, W], layer-averaged
+    out: dict[str, float] = {"attn/probe_windows": float(idx.shape[0])}
+    for j, name in enumerate(NAMES):
+        values = per_window[j].tolist()
+        out[f"attn/{name}"] = statistics.fmean(values)
+        out[f"attn/{name}/std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        for i in range(stats.shape[0]):
+            out[f"attn/{name}/layer_{i}"] = stats[i, j].mean().item()
     return out

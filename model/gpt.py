@@ -2,17 +2,26 @@
 
 Layout (nanoGPT / GPT-2): token + learned position embeddings, n_layer pre-LayerNorm blocks
 (attention, then a 4x GELU MLP), final LayerNorm, untied LM head; no biases, no dropout.
-Init: N(0, 0.02) for linear and embedding weights, residual output projections scaled by
-1/sqrt(2 * n_layer) (GPT-2); the QK-transform and differential parameters keep their own
-init (see `model.coupled`, `model.scoring`).
+Init (`GPT.init_weights`): N(0, 0.02) for linear and embedding weights, residual output
+projections N(0, 0.02 / sqrt(2 * n_layer)) (GPT-2), LayerNorm weights 1. Each backbone
+tensor draws from its own generator seeded from (seed, parameter name), and each variant
+stage (QK transform, scoring kernel) redraws its own parameters from a generator seeded
+from (seed, stage name) (`model.init`). So at one seed every variant has the same
+`tok_emb`, `pos_emb`, projections, MLPs and LM head as `standard` (all of the backbone: the
+QKV projection is d_model x 3 d_model for every variant, differential included, which
+regroups the same heads in pairs), and variants that share a stage (coupled and
+coupled_differential's f and dt; differential and coupled_differential's lambdas) share its
+initial values too: comparisons are paired by seed.
 
 Counting conventions (DESIGN.md):
 * N (`num_params(non_embedding=True)`) excludes the token embedding, the position table and
   the untied LM head (the unembedding); `n_params_total` counts everything.
-* FLOPs are matmul FLOPs (2 per multiply-add) of one forward pass per token, every matmul
-  including the LM head, attention scores and AV over the full sequence (not causally
-  halved); training FLOPs = 3 x forward. Elementwise work (norms, softmax, activations,
-  the integrator's axpys) is not counted, as in Kaplan et al. 2020 / Chinchilla.
+* FLOPs are model FLOPs: matmul FLOPs (2 per multiply-add) of one forward pass per token
+  of the definition, every matmul including the LM head, attention scores and AV over the
+  full sequence (not causally halved); training FLOPs = 3 x forward. Elementwise work
+  (norms, softmax, activations, the integrator's axpys) is not counted, as in Kaplan et al.
+  2020 / Chinchilla. Budgets use these only; executed FLOPs (what fused kernels run,
+  `executed=True`, `ModelCounts.executed_flops_per_token`) are a separate number.
 """
 from __future__ import annotations
 
@@ -22,10 +31,13 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from model.attention import CausalSelfAttention
 from model.config import ModelConfig
+from model.init import NoInitOnMeta, normal_, seeded_generator
+
+STAGES = ("qk_transform", "scoring")
+"""The attention sub-modules a variant swaps (`model.registry`); the rest is the backbone."""
 
 
 class MLP(nn.Module):
@@ -57,33 +69,55 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
-    def num_flops_per_token(self, seq_len: int) -> int:
-        return self.attn.num_flops_per_token(seq_len) + self.mlp.num_flops_per_token()
+    def num_flops_per_token(self, seq_len: int, executed: bool = False) -> int:
+        return self.attn.num_flops_per_token(seq_len, executed) + self.mlp.num_flops_per_token()
 
 
 class GPT(nn.Module):
     """Decoder-only LM. forward(idx [B, T] int64, targets [B, T] | None) -> (logits [B, T, V], loss).
 
-    Deterministic given torch.manual_seed. Raises ValueError if T > cfg.seq_len.
+    seed: the initial weights are a function of (cfg, seed) (`init_weights`); None draws the
+    seed from torch's global RNG before anything else is built, so `torch.manual_seed(s)`
+    followed by `GPT(cfg)` is deterministic and paired across variants too.
+    Raises ValueError if T > cfg.seq_len.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, seed: int | None = None):
         super().__init__()
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), device="cpu"))
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, depth) for depth in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=False)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init_backbone)
-        for block in self.blocks:  # GPT-2: scale residual output projections by depth
-            for proj in (block.attn.out, block.mlp.proj):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        self.init_weights(seed)
 
-    @staticmethod
-    def _init_backbone(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    def init_weights(self, seed: int) -> None:
+        """(Re)draw every parameter from generators seeded by (seed, name), see the module
+        docstring: backbone weights from `backbone_parameters`, then each layer's variant
+        stages through their reset_parameters(generator)."""
+        std_resid = 0.02 / math.sqrt(2 * self.cfg.n_layer)  # GPT-2: residual projections by depth
+        for name, p in self.backbone_parameters().items():
+            if p.dim() == 1:  # LayerNorm weight
+                with torch.no_grad():
+                    p.fill_(1.0)
+                continue
+            resid = name.endswith(("attn.out.weight", "mlp.proj.weight"))
+            normal_(p, std_resid if resid else 0.02, seeded_generator(seed, name))
+        for i, block in enumerate(self.blocks):
+            for stage_name in STAGES:
+                stage = getattr(block.attn, stage_name)
+                if any(True for _ in stage.parameters()):
+                    stage.reset_parameters(generator=seeded_generator(seed, f"blocks.{i}.attn.{stage_name}"))
+
+    def backbone_parameters(self) -> dict[str, nn.Parameter]:
+        """Parameters outside the variant stages, by name: the same names and shapes in
+        every variant of one shape (embeddings, LayerNorms, QKV/output projections, MLPs,
+        LM head)."""
+        stage = tuple(f".attn.{s}." for s in STAGES)
+        return {n: p for n, p in self.named_parameters() if not any(s in n for s in stage)}
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -107,43 +141,31 @@ class GPT(nn.Module):
             n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel() + self.lm_head.weight.numel()
         return n
 
-    def num_flops_per_token(self, seq_len: int | None = None) -> int:
-        """Forward matmul FLOPs per token at context seq_len (default cfg.seq_len):
-        sum of the blocks' counts + LM head 2*d_model*vocab_size."""
+    def num_flops_per_token(self, seq_len: int | None = None, executed: bool = False) -> int:
+        """Forward model FLOPs per token at context seq_len (default cfg.seq_len): sum of the
+        blocks' counts + LM head 2*d_model*vocab_size. executed=True: what the kernels run
+        instead (differs only where a stage defines executed_flops_per_token; never for budgets)."""
         T = self.cfg.seq_len if seq_len is None else seq_len
-        return sum(b.num_flops_per_token(T) for b in self.blocks) + 2 * self.cfg.d_model * self.cfg.vocab_size
+        blocks: list[Block] = list(self.blocks)  # type: ignore[arg-type]
+        return sum(b.num_flops_per_token(T, executed) for b in blocks) + 2 * self.cfg.d_model * self.cfg.vocab_size
 
 
 class ModelCounts(NamedTuple):
-    """Analytic size of a config: N (non-embedding), total parameters, FLOPs per token."""
+    """Analytic size of a config: N (non-embedding), total parameters, FLOPs per token.
+    flops_per_token (training, 3 x forward, model FLOPs) is what budgets use;
+    executed_flops_per_token (training, 3 x executed forward) is reported beside it only."""
 
     n_params: int
     n_params_total: int
     flops_per_token_fwd: int
     flops_per_token: int  # training = 3 x forward
-
-
-class _NoInitOnMeta(TorchFunctionMode):
-    """Skip in-place ops (initialisers such as nn.init.normal_, Tensor.uniform_) on meta
-    tensors: they hold no values, and torch routes them through Python decompositions whose
-    first call imports torch._dynamo (seconds)."""
-
-    _INIT = {"normal_", "uniform_", "fill_", "zero_", "ones_", "zeros_", "constant_",
-             "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "trunc_normal_"}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if getattr(func, "__name__", None) in self._INIT:
-            target = args[0] if args else kwargs.get("tensor")  # nn.init passes tensor=
-            if isinstance(target, torch.Tensor) and target.is_meta:
-                return target
-        return func(*args, **kwargs)
+    executed_flops_per_token: int
 
 
 def count_model(cfg: ModelConfig) -> ModelCounts:
     """Parameter and FLOP counts of `GPT(cfg)` at cfg.seq_len without allocating weights
     (the model is built on the meta device; milliseconds even at 350m)."""
-    with torch.device("meta"), _NoInitOnMeta():
-        m = GPT(cfg)
+    with torch.device("meta"), NoInitOnMeta():
+        m = GPT(cfg, seed=0)
     fwd = m.num_flops_per_token()
-    return ModelCounts(m.num_params(True), m.num_params(False), fwd, 3 * fwd)
+    return ModelCounts(m.num_params(True), m.num_params(False), fwd, 3 * fwd, 3 * m.num_flops_per_token(executed=True))

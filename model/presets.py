@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from model.config import VARIANTS, ModelConfig
+from model.config import ModelConfig
+from model.registry import resolve_options
 
 DEFAULT_VOCAB_SIZE = 32_000
 
@@ -48,38 +49,23 @@ PRESETS: dict[str, Preset] = {
     "350m": Preset(22, 1024, 16, 1024, "350M total"),
 }
 
-# Options each variant accepts (others would be silently meaningless, so they are rejected).
-_DYNAMICS = ("n_steps", "coupling_hidden", "coupling_sharing", "dt_init")
-VARIANT_OPTIONS: dict[str, tuple[str, ...]] = {
-    "standard": (),
-    "coupled": ("integrator", *_DYNAMICS),
-    "uncoupled_mlp": _DYNAMICS,
-    "differential": (),
-    "coupled_differential": ("integrator", *_DYNAMICS),
-}
-
-
 def build_config(scale: str, variant: str, *, vocab_size: int = DEFAULT_VOCAB_SIZE,
                  seq_len: int | None = None, **variant_options: Any) -> ModelConfig:
     """Config for a preset scale and variant.
 
     Args:
         scale: a key of `PRESETS`.
-        variant: one of `VARIANTS`.
+        variant: a name in `VARIANTS` (`model.registry`).
         vocab_size: tokens in the tokenizer's vocabulary (presets assume 32,000).
         seq_len: context length in tokens (default: the preset's).
-        variant_options: see `VARIANT_OPTIONS` (e.g. integrator="leapfrog", n_steps=3).
+        variant_options: options of the variant's registry entry, e.g. integrator="leapfrog",
+            n_steps=3 (`Variant.allowed()` lists them with their defaults).
 
     Raises ValueError naming the bad scale, variant or option and the allowed values.
     """
     if scale not in PRESETS:
         raise ValueError(f"unknown scale {scale!r}; allowed: {', '.join(PRESETS)}")
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
-    bad = sorted(set(variant_options) - set(VARIANT_OPTIONS[variant]))
-    if bad:
-        allowed = ", ".join(VARIANT_OPTIONS[variant]) or "none"
-        raise ValueError(f"option(s) {', '.join(bad)} not valid for variant {variant!r}; allowed: {allowed}")
+    options = resolve_options(variant, variant_options)  # plain ValueError before pydantic's
     p = PRESETS[scale]
     return ModelConfig(vocab_size=vocab_size, seq_len=seq_len or p.seq_len, n_layer=p.n_layer,
-                       d_model=p.d_model, n_head=p.n_head, variant=variant, **variant_options)
+                       d_model=p.d_model, n_head=p.n_head, variant=variant, options=options)

@@ -22,18 +22,28 @@
   1/sqrt(head_dim): scores are unchanged, and the padded half (multiplications by zero) is
   not model FLOPs and is not counted.
 
-FLOPs (forward, per token, per layer, full sequence T, matmuls only): standard scores
-2*T*d_model and AV 2*T*d_model. Differential scores 2*T*d_model and, because the fused form
-applies both maps to the value, AV 4*T*d_model: these are the FLOPs executed, not those of
-the unfused definition (which would spend 2*T*d_model on AV but materialise T x T maps).
+FLOPs (forward, per token, per layer, full sequence T, matmuls only) are model FLOPs, the
+definition's (DESIGN.md), never what a kernel executes: standard scores 2*T*d_model and AV
+2*T*d_model; differential the same, scores 2*T*d_model (n_head component heads of head_dim)
+and AV 2*T*d_model ((A1 - lambda A2) v: n_head/2 maps times values of 2*head_dim), so
+FLOP-matched budgets treat it exactly like standard. `executed_flops_per_token` is a
+separate number, never used in budgets: what the fused form runs, AV 4*T*d_model (both maps
+are applied to the value), which is also what FlopCounterMode counts under the math backend;
+the CPU flash path's zero padding of q, k (another 2*T*d_model of scores) is in neither.
 """
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from model.init import normal_
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
 
 
 def lambda_init_fn(depth: int) -> float:
@@ -69,12 +79,14 @@ class SDPAScoring(nn.Module):
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v, is_causal=True)
         return y.transpose(1, 2).reshape(B, T, H * D)
 
-    def attention_map(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Attention probabilities [B, H, T, T] (rows sum to 1) for diagnostics."""
+    def attention_map(self, q: torch.Tensor, k: torch.Tensor, lam: float | None = None) -> torch.Tensor:
+        """Attention probabilities [B, H, T, T] (rows sum to 1) for diagnostics; lam is
+        unused (standard attention has no lambda)."""
         return _causal_softmax(q.transpose(1, 2), k.transpose(1, 2))
 
     def num_flops_per_token(self, seq_len: int) -> int:
-        return 2 * seq_len * self.d_model + 2 * seq_len * self.d_model  # scores + AV
+        """Model FLOPs per token: scores 2*T*d + AV 2*T*d."""
+        return 2 * seq_len * self.d_model + 2 * seq_len * self.d_model
 
 
 class DifferentialScoring(nn.Module):
@@ -99,10 +111,16 @@ class DifferentialScoring(nn.Module):
         self.subln = nn.RMSNorm(2 * self.head_dim, eps=1e-5, elementwise_affine=True)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
-            nn.init.normal_(p, mean=0.0, std=0.1)
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Redraw lambda_q1, lambda_k1, lambda_q2, lambda_k2 (in that order) from N(0, 0.1^2)
+        with generator (None: the global RNG); RMSNorm weight back to ones."""
+        for p in self.lambda_parameters():
+            normal_(p, 0.1, generator)
         self.subln.reset_parameters()
+
+    def lambda_parameters(self) -> list[nn.Parameter]:
+        """The four lambda vectors [head_dim] that `lambda_full` reads."""
+        return [self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2]
 
     def lambda_full(self) -> torch.Tensor:
         """Scalar lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init."""
@@ -123,12 +141,24 @@ class DifferentialScoring(nn.Module):
         y = self.subln(y) * (1.0 - self.lambda_init)
         return y.transpose(1, 2).reshape(B, T, H * D)
 
-    def attention_map(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Differential maps A1 - lambda * A2, [B, n_head/2, T, T] (signed; rows sum to 1 - lambda)."""
+    def attention_map(self, q: torch.Tensor, k: torch.Tensor, lam: float | None = None) -> torch.Tensor:
+        """Differential maps A1 - lambda * A2, [B, n_head/2, T, T] (signed; rows sum to
+        1 - lambda). lam: lambda's value if the caller read it already (e.g. with ZeRO-3
+        partitioned parameters gathered, `model.diagnostics`); None: `lambda_full()`."""
         a = _causal_softmax(q.transpose(1, 2), k.transpose(1, 2))
         B, H, T, _ = a.shape
         a = a.view(B, H // 2, 2, T, T)
-        return a[:, :, 0] - self.lambda_full() * a[:, :, 1]
+        return a[:, :, 0] - (self.lambda_full() if lam is None else lam) * a[:, :, 1]
 
     def num_flops_per_token(self, seq_len: int) -> int:
-        return 2 * seq_len * self.d_model + 4 * seq_len * self.d_model  # scores + fused AV
+        """Model FLOPs per token: scores 2*T*d + AV 2*T*d, as standard (module docstring)."""
+        return 2 * seq_len * self.d_model + 2 * seq_len * self.d_model
+
+    def executed_flops_per_token(self, seq_len: int) -> int:
+        """FLOPs the fused form executes per token: scores 2*T*d + AV 4*T*d (never in budgets)."""
+        return 2 * seq_len * self.d_model + 4 * seq_len * self.d_model
+
+
+def differential_scoring(cfg: ModelConfig, depth: int) -> DifferentialScoring:
+    """The `DifferentialScoring` of layer `depth` (0-based) of a config."""
+    return DifferentialScoring(cfg.d_model, cfg.n_head, depth)

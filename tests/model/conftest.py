@@ -15,7 +15,7 @@ def make_model():
 
     def _make(variant: str, scale: str = "cpu-xs", seed: int = 0, seq_len: int = 32, **options) -> GPT:
         torch.manual_seed(seed)
-        model = GPT(build_config(scale, variant, vocab_size=VOCAB, seq_len=seq_len, **options))
+        model = GPT(build_config(scale, variant, vocab_size=VOCAB, seq_len=seq_len, **options), seed=seed)
         return model.eval()
 
     return _make

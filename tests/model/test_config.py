@@ -1,7 +1,7 @@
 import pytest
 
-from model import GPT, PRESETS, VARIANTS, build_config, count_model
-from model.presets import VARIANT_OPTIONS
+from model import GPT, PRESETS, REGISTRY, VARIANTS, ModelConfig, build_config, count_model
+from model.registry import CONFIG_FIELDS
 
 
 @pytest.mark.parametrize(
@@ -23,14 +23,14 @@ def test_bad_input_names_the_field_and_allowed_values(kwargs, message):
 
 
 def test_differential_needs_even_heads():
-    from model import ModelConfig
-
     with pytest.raises(ValueError, match="n_head=3 must be even"):
         ModelConfig(vocab_size=10, seq_len=8, n_layer=1, d_model=48, n_head=3, variant="differential")
 
 
 def test_every_variant_has_an_option_list_and_presets_default_to_32k_vocab():
-    assert set(VARIANT_OPTIONS) == set(VARIANTS)
+    assert list(VARIANTS) == ["standard", "coupled", "uncoupled_mlp", "differential", "coupled_differential"]
+    assert set(REGISTRY) == set(VARIANTS) and all(REGISTRY[v].options is not None for v in VARIANTS)
+    assert CONFIG_FIELDS == set(ModelConfig.model_fields)  # option names may not reuse these
     assert build_config("cpu-s", "standard").vocab_size == 32_000
     assert build_config("cpu-s", "standard", seq_len=64).seq_len == 64
     assert build_config("cpu-s", "standard").seq_len == PRESETS["cpu-s"].seq_len
@@ -85,3 +85,19 @@ def test_coupled_flops_count_f_per_head_per_evaluation():
                            n_steps=n_steps, coupling_hidden=48)
         extra = count_model(cfg).flops_per_token_fwd - base
         assert extra == L * evals * H * 2 * (2 * hd * 48)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_config_dump_is_flat_and_round_trips(variant):
+    """RunSpecs carry cfg.model_dump() and workers rebuild ModelConfig(**it): options travel
+    flat (MLflow params model.n_steps, ...), only the variant's own, defaults filled in."""
+    import json
+
+    cfg = build_config("cpu-s", variant, vocab_size=100)
+    dump = json.loads(json.dumps(cfg.model_dump()))
+    assert "options" not in dump
+    assert set(dump) == set(CONFIG_FIELDS - {"options"}) | set(REGISTRY[variant].options.model_fields)
+    assert ModelConfig(**dump) == cfg and ModelConfig(**dump).options == cfg.options
+    assert hash(ModelConfig(**dump)) == hash(cfg)  # frozen configs stay usable as keys
+    if variant == "coupled":
+        assert dump["integrator"] == "euler" and dump["n_steps"] == 1 and dump["coupling_hidden"] is None

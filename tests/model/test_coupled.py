@@ -82,7 +82,7 @@ def test_f_evaluations_per_forward(integrator, n_steps, evaluations):
     tr.f.register_forward_hook(lambda *_: calls.append(1))
     tr(*qk())
     assert len(calls) == evaluations == tr.n_evaluations()
-    assert tr.num_flops_per_token() == evaluations * H * 2 * (2 * D * 5)
+    assert tr.num_flops_per_token(seq_len=16) == evaluations * H * 2 * (2 * D * 5)  # per token: T-free
 
 
 def test_uncoupled_changes_only_q():
@@ -107,3 +107,25 @@ def test_shared_and_per_head_f_agree_when_weights_agree():
     manual = torch.nn.functional.silu(x @ shared.w1[0].T + shared.b1[0]) @ shared.w2[0].T + shared.b2[0]
     torch.testing.assert_close(shared(x), manual)
     assert shared.w1.numel() * H == per_head.w1.numel()
+
+
+@pytest.mark.parametrize("sharing", ["layer", "head"])
+def test_coupling_mlp_has_no_constant_output_at_init(sharing):
+    """Zero biases: f(0) = 0, so f adds no input-independent shift (which would bias the
+    uncoupled control's scores but cancel in the coupled model's softmax)."""
+    f = CouplingMLP(32, 48, 4, sharing)
+    assert torch.count_nonzero(f.b1) == 0 and torch.count_nonzero(f.b2) == 0
+    assert torch.count_nonzero(f(torch.zeros(2, 3, 4, 32))) == 0
+    f.reset_parameters(torch.Generator().manual_seed(1))
+    assert torch.count_nonzero(f(torch.zeros(2, 3, 4, 32))) == 0 and torch.count_nonzero(f.w1) > 0
+
+
+@pytest.mark.parametrize("head_dim, s", [(32, 0.23), (64, 0.45)])  # q's init scale at cpu-xs, 60m
+def test_coupling_mlp_init_scale_is_a_sixth_of_the_input(head_dim, s):
+    """The docstring's scale: std f(x) ~ std(x) / 6 (not std(x)) for inputs of q's init scale."""
+    f = CouplingMLP(head_dim, head_dim, 1, "layer")
+    f.reset_parameters(torch.Generator().manual_seed(0))
+    x = s * torch.randn(20_000, 1, 1, head_dim, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ratio = (f(x).std() / x.std()).item()
+    assert 0.14 < ratio < 0.20, ratio

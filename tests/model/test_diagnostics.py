@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from model import VARIANTS
-from model.diagnostics import _map_stats, attention_diagnostics
+from model.diagnostics import PROBE_WINDOWS, _map_stats, attention_diagnostics, lambda_parameters, layer_lambdas
 
 
 def test_map_stats_on_known_matrices():
@@ -21,8 +21,11 @@ def test_map_stats_on_known_matrices():
     assert ent == pytest.approx(sum(math.log(i + 1) for i in range(T)) / T)
 
 
-def test_zero_queries_give_uniform_causal_attention(make_model):
-    model = make_model("standard")
+@pytest.mark.parametrize("variant", ["standard", "uncoupled_mlp"])
+def test_zero_queries_give_uniform_causal_attention(make_model, variant):
+    """q = 0: every score is equal. The uncoupled control starts from q' = q + dt * f(q) with
+    f(0) = 0 (zero-bias init), so it too attends uniformly: no constant shift of the queries."""
+    model = make_model(variant)
     with torch.no_grad():
         for block in model.blocks:
             block.attn.qkv.weight[: model.cfg.d_model].zero_()  # q = 0: every score equal
@@ -38,16 +41,79 @@ def test_zero_queries_give_uniform_causal_attention(make_model):
 def test_diagnostics_keys_and_ranges(make_model, variant):
     model = make_model(variant).train()
     T = 24
-    d = attention_diagnostics(model, torch.randint(0, 97, (2, T)))
+    d = attention_diagnostics(model, torch.randint(0, 97, (3, T)))
     L = model.cfg.n_layer
     names = ("entropy", "effective_rank", "spectral_gap")
-    assert set(d) == {f"attn/{n}" for n in names} | {f"attn/{n}/layer_{i}" for n in names for i in range(L)}
+    assert set(d) == ({f"attn/{n}" for n in names} | {f"attn/{n}/std" for n in names}
+                      | {f"attn/{n}/layer_{i}" for n in names for i in range(L)} | {"attn/probe_windows"})
     assert model.training  # mode restored
+    assert d["attn/probe_windows"] == 3
     for n in names:
         assert d[f"attn/{n}"] == pytest.approx(sum(d[f"attn/{n}/layer_{i}"] for i in range(L)) / L)
+        assert d[f"attn/{n}/std"] > 0
     assert 0 < d["attn/entropy"] <= math.log(T)
     assert 1 <= d["attn/effective_rank"] <= T
     assert 0 <= d["attn/spectral_gap"] <= 1
+
+
+def test_probe_of_many_windows_gives_mean_and_spread_over_windows(make_model):
+    """The mean and std are over windows (checked window by window), chunking changes nothing,
+    and a probe of identical windows has zero spread."""
+    model = make_model("coupled_differential")
+    idx = torch.randint(0, 97, (PROBE_WINDOWS, 16), generator=torch.Generator().manual_seed(2))
+    d = attention_diagnostics(model, idx, batch_size=5)
+    singles = [attention_diagnostics(model, idx[i:i + 1]) for i in range(PROBE_WINDOWS)]
+    for n in ("entropy", "effective_rank", "spectral_gap"):
+        values = torch.tensor([s[f"attn/{n}"] for s in singles], dtype=torch.float64)
+        assert d[f"attn/{n}"] == pytest.approx(values.mean().item(), rel=1e-9)
+        assert d[f"attn/{n}/std"] == pytest.approx(values.std(correction=1).item(), rel=1e-6)
+        assert singles[0][f"attn/{n}/std"] == 0.0
+    assert attention_diagnostics(model, idx, batch_size=PROBE_WINDOWS) == pytest.approx(d, rel=1e-9)
+    same = attention_diagnostics(model, idx[:1].repeat(4, 1))
+    assert same["attn/entropy/std"] == pytest.approx(0.0, abs=1e-12)
+
+
+def _partition(params):
+    """What ZeRO-3 leaves on a rank between forwards: each parameter's data is an empty tensor."""
+    full = [p.data for p in params]
+    for p in params:
+        p.data = torch.empty(0, dtype=p.dtype)
+    return full
+
+
+def test_lambdas_are_read_through_one_gather_and_partitioned_ones_raise(make_model):
+    """Unit level (the real ZeRO-3 run is test_diagnostics_zero3.py): the diagnostics read
+    every lambda vector inside one gather, and refuse partitioned ones instead of using
+    lambda_init."""
+    model = make_model("differential", scale="cpu-s")
+    with torch.no_grad():
+        for p in lambda_parameters(model):
+            p.mul_(6.0)  # lambda far from lambda_init
+    assert len(lambda_parameters(model)) == 4 * model.cfg.n_layer
+    assert lambda_parameters(make_model("coupled")) == []
+    lams = layer_lambdas(model)
+    assert all(abs(lam - b.attn.scoring.lambda_init) > 1e-3 for lam, b in zip(lams, model.blocks))
+    params = lambda_parameters(model)
+    full = _partition(params)
+    with pytest.raises(RuntimeError, match="partitioned .*GatheredParameters"):
+        attention_diagnostics(model, torch.randint(0, 97, (2, 16)))
+    gathered = []
+
+    class Gather:  # restores the data inside, re-partitions on exit
+        def __init__(self, ps):
+            self.ps = ps
+            gathered.append(len(ps))
+
+        def __enter__(self):
+            for p, data in zip(self.ps, full):
+                p.data = data
+
+        def __exit__(self, *exc):
+            _partition(self.ps)
+
+    assert layer_lambdas(model, gather=Gather) == pytest.approx(lams, rel=1e-12)
+    assert gathered == [len(params)]  # one gather of every lambda vector
+    assert all(p.numel() == 0 for p in params)  # left partitioned, as found
 
 
 def test_coupling_changes_effective_rank(make_model):

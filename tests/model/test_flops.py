@@ -1,11 +1,18 @@
-"""Analytic FLOPs against torch's FlopCounterMode (acceptance: within 2% for every variant)."""
+"""Analytic FLOPs against torch's FlopCounterMode: totals, and the variant-minus-standard
+deltas that isolate what each variant adds (with negative controls)."""
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from model import VARIANTS, build_config
-from model.info import measure_flops_per_token, model_info
+from model import PRESETS, VARIANTS, build_config, count_model
+from model.coupled import CoupledQK, CouplingMLP
+from model.info import check_flop_delta, measure_flops_per_token, model_info
+from model.scoring import DifferentialScoring
+
+DIFFERENTIAL = ("differential", "coupled_differential")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -14,6 +21,8 @@ def test_analytic_flops_agree_with_flop_counter(preset, seq_len, variant):
     info = model_info(preset, variant, seq_len=seq_len)
     assert info["seq_len"] == (seq_len or 128) and info["vocab_size"] == 32_000
     assert info["flops_per_token_measured"] == pytest.approx(info["flops_per_token"], rel=0.02)
+    # matmul FLOPs are integers: the executed count is exact
+    assert info["flops_per_token_measured"] == pytest.approx(info["executed_flops_per_token"], rel=1e-9)
 
 
 @pytest.mark.parametrize("variant, options", [
@@ -23,14 +32,74 @@ def test_analytic_flops_agree_with_flop_counter(preset, seq_len, variant):
 ])
 def test_analytic_flops_agree_with_flop_counter_for_options(variant, options):
     info = model_info("cpu-xs", variant, seq_len=64, vocab_size=500, **options)
-    assert info["flops_per_token_measured"] == pytest.approx(info["flops_per_token"], rel=0.02)
+    assert info["flops_per_token_measured"] == pytest.approx(info["executed_flops_per_token"], rel=1e-9)
+    L, d, T = 3, 128, 64
+    excess = 3 * L * 2 * T * d if variant in DIFFERENTIAL else 0  # fused AV: 4*T*d run, 2*T*d counted
+    assert info["executed_flops_per_token"] - info["flops_per_token"] == excess
+
+
+@pytest.mark.parametrize("preset", ["cpu-xs", "cpu-s", "cpu-m", "60m", "150m", "350m"])
+def test_differential_counts_model_flops_like_standard(preset):
+    """One convention (DESIGN.md): Differential's AV counts 2*T*d like standard's, so a
+    FLOP-matched budget gives differential exactly standard's tokens; the fused kernel's
+    extra 2*T*d per layer is only in the separate executed count."""
+    std = count_model(build_config(preset, "standard", vocab_size=2048))
+    diff = count_model(build_config(preset, "differential", vocab_size=2048))
+    L, d, T = PRESETS[preset].n_layer, PRESETS[preset].d_model, PRESETS[preset].seq_len
+    assert diff.flops_per_token == std.flops_per_token
+    assert diff.executed_flops_per_token - std.executed_flops_per_token == 3 * L * 2 * T * d
+    assert std.executed_flops_per_token == std.flops_per_token
+
+
+def _cfg(variant, **options):
+    return build_config("cpu-xs", variant, vocab_size=64, seq_len=32, **options)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "standard"])
+def test_flop_delta_of_each_variant_at_default_options(variant):
+    check = check_flop_delta(_cfg(variant))
+    assert check.ok, check
+    assert check.analytic > 0
+
+
+GRID = [("coupled", dict(n_steps=n, integrator=i, coupling_sharing=s, coupling_hidden=h))
+        for n, i, s, h in itertools.product((1, 2, 3), ("euler", "leapfrog"), ("layer", "head"), (None, 48))]
+GRID += [("uncoupled_mlp", dict(n_steps=n, coupling_sharing=s, coupling_hidden=h))
+         for n, s, h in itertools.product((1, 2, 3), ("layer", "head"), (None, 48))]
+GRID += [("coupled_differential", dict(n_steps=n, integrator=i)) for n, i in itertools.product((1, 3), ("euler", "leapfrog"))]
+
+
+@pytest.mark.parametrize("variant, options", GRID)
+def test_flop_delta_over_the_option_grid(variant, options):
+    check = check_flop_delta(_cfg(variant, **options))
+    assert check.ok, check
+
+
+def test_flop_delta_check_catches_wrong_counts(monkeypatch):
+    """Negative controls: counts that are wrong by what matters make the check fail, while the
+    old total-at-32k-vocab comparison (2%) would still pass."""
+    leapfrog = _cfg("coupled", integrator="leapfrog", n_steps=2)
+    assert check_flop_delta(leapfrog).ok
+    with monkeypatch.context() as m:  # one evaluation of f too few (leapfrog runs n + 1)
+        m.setattr(CoupledQK, "n_evaluations", lambda self: self.n_steps)
+        wrong = check_flop_delta(leapfrog)
+        assert not wrong.ok and wrong.measured > wrong.analytic
+    with monkeypatch.context() as m:  # the coupling network's FLOPs dropped entirely
+        m.setattr(CouplingMLP, "num_flops_per_token", lambda self: 0)
+        assert not check_flop_delta(_cfg("coupled")).ok
+        total = model_info("cpu-xs", "coupled")  # 32k vocabulary: the LM head dominates
+        assert total["flops_per_token_measured"] == pytest.approx(total["flops_per_token"], rel=0.02)
+    with monkeypatch.context() as m:  # differential's executed AV counted as the definition's
+        m.setattr(DifferentialScoring, "executed_flops_per_token", DifferentialScoring.num_flops_per_token)
+        assert not check_flop_delta(_cfg("differential")).ok
 
 
 def test_info_keys_and_bad_preset():
     info = model_info("cpu-xs", "coupled", vocab_size=300, n_steps=2)
     assert set(info) == {"preset", "variant", "seq_len", "vocab_size", "n_params", "n_params_total",
-                         "flops_per_token", "flops_per_token_measured"}
+                         "flops_per_token", "executed_flops_per_token", "flops_per_token_measured"}
     assert info["n_params"] < info["n_params_total"]
+    assert info["executed_flops_per_token"] == info["flops_per_token"]
     with pytest.raises(ValueError, match="unknown preset 'xl'"):
         model_info("xl", "coupled")
 

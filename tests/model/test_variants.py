@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, VARIANTS
+from model import GPT, VARIANTS, build_config
 
 VOCAB = 97  # must equal conftest's vocabulary (conftest is not importable under importlib mode)
 
@@ -60,6 +60,51 @@ def test_init_is_deterministic_given_seed(make_model, variant):
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+
+
+PAIRED = [("coupled", dict(integrator="euler")), ("coupled", dict(integrator="leapfrog")), ("uncoupled_mlp", {}),
+          ("differential", {}), ("coupled_differential", {})]
+
+
+def _cfg(variant: str, **options):
+    return build_config("cpu-xs", variant, vocab_size=VOCAB, seq_len=32, **options)
+
+
+@pytest.mark.parametrize("variant, options", PAIRED)
+def test_same_seed_gives_every_variant_the_standard_backbone(variant, options):
+    """Seed pairing: every standard parameter (the whole backbone: embeddings, LayerNorms,
+    QKV and output projections, MLPs, LM head; same names and shapes in every variant,
+    differential included) has identical initial values in the variant, built either with
+    seed= or after torch.manual_seed; another seed gives other values."""
+    std, var, other = GPT(_cfg("standard"), seed=7), GPT(_cfg(variant, **options), seed=7), GPT(_cfg(variant, **options), seed=8)
+    torch.manual_seed(3)
+    std_global = GPT(_cfg("standard"))
+    torch.manual_seed(3)
+    var_global = GPT(_cfg(variant, **options))
+    shared = dict(std.named_parameters())
+    assert set(shared) == set(var.backbone_parameters()) == set(std.backbone_parameters())
+    for name, p in shared.items():
+        assert var.get_parameter(name).shape == p.shape, name
+        assert torch.equal(var.get_parameter(name), p), name
+        assert torch.equal(var_global.get_parameter(name), std_global.get_parameter(name)), name
+        if p.dim() > 1:  # LayerNorm weights start at 1 whatever the seed
+            assert not torch.equal(other.get_parameter(name), p), name
+            assert not torch.equal(std_global.get_parameter(name), p), name
+
+
+def test_variants_sharing_a_stage_share_its_initial_values():
+    cpl, unc = GPT(_cfg("coupled"), seed=5), GPT(_cfg("uncoupled_mlp"), seed=5)
+    diff, both = GPT(_cfg("differential"), seed=5), GPT(_cfg("coupled_differential"), seed=5)
+    names = {n for n, _ in cpl.named_parameters()} - set(cpl.backbone_parameters())
+    assert names and all(".qk_transform." in n for n in names)
+    for n in names:  # f and dt
+        assert torch.equal(cpl.get_parameter(n), unc.get_parameter(n)) and torch.equal(cpl.get_parameter(n), both.get_parameter(n)), n
+    lam = {n for n, _ in diff.named_parameters()} - set(diff.backbone_parameters())
+    assert any("lambda_q1" in n for n in lam)
+    for n in lam:
+        assert torch.equal(diff.get_parameter(n), both.get_parameter(n)), n
+    assert not torch.equal(GPT(_cfg("differential"), seed=6).blocks[0].attn.scoring.lambda_q1,
+                           diff.blocks[0].attn.scoring.lambda_q1)
 
 
 def _as_standard(model: GPT) -> GPT:

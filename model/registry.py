@@ -1,0 +1,172 @@
+"""Variant registry: the one table that turns a variant name into model code.
+
+Attention is projection -> QK transform -> scoring -> output projection (`model.attention`);
+a variant swaps the QK transform, the scoring kernel, or both. Each variant is one `Variant`
+entry: its name, the factories of the stages it swaps (None keeps standard attention's:
+`IdentityQK`, `SDPAScoring`), the options it accepts with their types and defaults (a
+pydantic model), and whether it pairs heads. Adding a variant is one module holding its
+stages plus one `register(Variant(...))` (built-ins: the calls at the end of this file);
+config validation, `build_config`, the attention layer and the counts all read this table.
+
+The stage contract the rest of `model/` relies on:
+* QK transform: forward(q, k) -> (q', k'), all [B, T, n_head, head_dim].
+* scoring: forward(q, k, v) -> [B, T, d_model], with q, k [B, T, n_head, head_dim] and
+  v [B, T, d_model]; attention_map(q, k, lam=None) -> maps [B, heads, T, T] (diagnostics).
+* both: num_flops_per_token(seq_len) -> forward model FLOPs per token (matmuls only, the
+  definition's, DESIGN.md); optionally executed_flops_per_token(seq_len) where a kernel runs
+  more than the definition (a separate number, never in budgets); reset_parameters(generator)
+  if the stage has parameters (`GPT` calls it with the stage's own generator, `model.init`).
+  The stage's parameters are its parameter contribution (counted from the module).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+from torch import nn
+
+from model.coupled import CoupledOptions, DynamicsOptions, IdentityQK, coupled_qk, uncoupled_qk
+from model.init import NoInitOnMeta
+from model.scoring import SDPAScoring, differential_scoring
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
+
+# ModelConfig's own fields: options may not reuse these names (they travel flat beside them).
+CONFIG_FIELDS = frozenset({"vocab_size", "seq_len", "n_layer", "d_model", "n_head", "variant", "options"})
+
+
+class Stage(Protocol):
+    """What every stage reports (module docstring)."""
+
+    def num_flops_per_token(self, seq_len: int) -> int: ...
+
+
+class ScoringStage(Stage, Protocol):
+    """A scoring kernel's diagnostics entry point (module docstring)."""
+
+    def attention_map(self, q: torch.Tensor, k: torch.Tensor, lam: float | None = None) -> torch.Tensor: ...
+
+
+class NoOptions(BaseModel):
+    """The options of a variant that takes none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Contributions(NamedTuple):
+    """What a variant adds to standard attention over the whole model (all layers): parameters
+    (all of them non-embedding) and forward FLOPs per token, model and executed."""
+
+    n_params: int
+    flops_per_token_fwd: int
+    executed_flops_per_token_fwd: int
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One attention variant (module docstring).
+
+    qk_transform(cfg) and scoring(cfg, depth) build the swapped stages (depth = 0-based layer
+    index); options is a pydantic model whose fields are the accepted options and defaults.
+    paired_heads: the variant groups heads in pairs, so n_head must be even.
+    """
+
+    name: str
+    summary: str
+    options: type[BaseModel] = NoOptions
+    qk_transform: Callable[[ModelConfig], nn.Module] | None = None
+    scoring: Callable[[ModelConfig, int], nn.Module] | None = None
+    paired_heads: bool = False
+
+    def make_qk_transform(self, cfg: ModelConfig) -> nn.Module:
+        """The variant's QK transform for cfg (`IdentityQK` if it keeps standard's)."""
+        return IdentityQK() if self.qk_transform is None else self.qk_transform(cfg)
+
+    def make_scoring(self, cfg: ModelConfig, depth: int) -> nn.Module:
+        """The variant's scoring kernel for layer depth (`SDPAScoring` if it keeps standard's)."""
+        return SDPAScoring(cfg.d_model, cfg.n_head) if self.scoring is None else self.scoring(cfg, depth)
+
+    def allowed(self) -> str:
+        """'name=default, ...' of the accepted options ('none' if there are none)."""
+        fields = self.options.model_fields
+        return ", ".join(f"{k}={f.default!r}" for k, f in fields.items()) or "none"
+
+    def contributions(self, cfg: ModelConfig) -> Contributions:
+        """Parameters and forward FLOPs per token (at cfg.seq_len) that this variant's stages
+        add to standard attention, summed over cfg.n_layer layers (stages built on meta)."""
+        T, base = cfg.seq_len, SDPAScoring(cfg.d_model, cfg.n_head).num_flops_per_token(cfg.seq_len)
+        n = flops = executed = 0
+        with torch.device("meta"), NoInitOnMeta():
+            for depth in range(cfg.n_layer):
+                stages = (self.make_qk_transform(cfg), self.make_scoring(cfg, depth))
+                n += sum(p.numel() for s in stages for p in s.parameters())
+                flops += sum(stage_flops(s, T) for s in stages) - base
+                executed += sum(stage_flops(s, T, executed=True) for s in stages) - base
+        return Contributions(n, flops, executed)
+
+
+def stage_flops(stage: nn.Module, seq_len: int, executed: bool = False) -> int:
+    """A stage's forward FLOPs per token: model FLOPs, or (executed=True) what its kernel runs
+    (`executed_flops_per_token` where the stage defines it, else its model FLOPs)."""
+    count = getattr(stage, "executed_flops_per_token", None) if executed else None
+    return int((count or cast(Stage, stage).num_flops_per_token)(seq_len))
+
+
+REGISTRY: dict[str, Variant] = {}
+VARIANTS = REGISTRY.keys()
+"""Names of the registered variants, in registration order (a live view of `REGISTRY`)."""
+
+
+def register(variant: Variant) -> Variant:
+    """Add a variant to the registry and return it.
+
+    Raises ValueError if the name is taken or an option reuses a ModelConfig field name.
+    """
+    if variant.name in REGISTRY:
+        raise ValueError(f"variant {variant.name!r} is already registered")
+    clash = sorted(CONFIG_FIELDS & set(variant.options.model_fields))
+    if clash:
+        raise ValueError(f"variant {variant.name!r}: option(s) {', '.join(clash)} reuse ModelConfig field names")
+    REGISTRY[variant.name] = variant
+    return variant
+
+
+def get_variant(name: str) -> Variant:
+    """The registered variant called name; ValueError naming the allowed names otherwise."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown variant {name!r}; allowed: {', '.join(REGISTRY)}") from None
+
+
+def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The variant's options with every default filled in, validated by its options model.
+
+    Raises ValueError naming the variant, the bad option and the allowed options (unknown
+    name) or the expected values (bad value, e.g. n_steps=8: "less than or equal to 7").
+    """
+    variant = get_variant(name)
+    bad = sorted(set(options) - set(variant.options.model_fields))
+    if bad:
+        raise ValueError(f"option(s) {', '.join(bad)} not valid for variant {name!r}; allowed: {variant.allowed()}")
+    try:
+        return variant.options(**options).model_dump()
+    except ValidationError as e:
+        problems = "; ".join(f"option {'.'.join(map(str, err['loc']))}: {err['msg']} (got {err['input']!r})"
+                             for err in e.errors())
+        raise ValueError(f"variant {name!r}: {problems}") from None
+
+
+register(Variant("standard", "softmax attention through fused SDPA"))
+register(Variant("coupled", "coupled QK dynamics (Euler or leapfrog), then SDPA", CoupledOptions,
+                 qk_transform=coupled_qk))
+register(Variant("uncoupled_mlp", "control: q' = q + dt * f(q), k unchanged, then SDPA", DynamicsOptions,
+                 qk_transform=uncoupled_qk))
+register(Variant("differential", "Differential Attention (A1 - lambda * A2 over head pairs)",
+                 scoring=differential_scoring, paired_heads=True))
+register(Variant("coupled_differential", "coupled QK dynamics, then differential scoring", CoupledOptions,
+                 qk_transform=coupled_qk, scoring=differential_scoring, paired_heads=True))
