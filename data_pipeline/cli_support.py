@@ -24,7 +24,7 @@ def _as_list(value) -> list[str]:
     return [str(v) for v in value]
 
 
-def prepare_from_args(source: str, path: str | None, out: str, **options) -> PreparedData:
+def prepare_from_args(source: str, path: str | None, out: str | None, **options) -> PreparedData:
     """Build configs from flat CLI options and prepare into `out` (the cache root: the data lands in
     ``<out>/<content_hash>``).
 

@@ -11,9 +11,14 @@ e x D_ref tokens, each with its own full schedule. Budgets round to whole optimi
 
 Run identity: ``run_id`` is the first 16 hex digits of the SHA-256 of the canonical JSON of
 everything that changes what a run computes (variant and options, model config, scale,
-seed, token budget and schedule, eval cadence, corpus and tokenizer config, and
-``IDENTITY_VERSION``) and nothing that does not (workers, ZeRO stage, storage, tracking
-URI). Same config, same id: re-submitting a study finds its finished runs by id.
+seed, token budget and schedule, eval cadence, corpus and tokenizer config, the corpus's
+content hash, and ``IDENTITY_VERSION``) and nothing that does not (workers, ZeRO stage,
+storage, tracking URI, the throughput figures themselves). Same config and same data, same
+id: re-submitting a study finds its finished runs by id; editing one corpus file gives its
+runs new ids (new MLflow runs, new Ray Train names), and the runner marks the old ones
+superseded. The content hash (``orchestrator.plan.inputs.corpus_hashes``: data_pipeline's
+cache key, over every input file's sha256 and the corpus and tokenizer configs) is passed
+in, like the throughput table, so the planner stays pure.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from orchestrator.plan.spec import ResourcesSpec, Study, VariantSpec
 from orchestrator.plan.throughput import ThroughputTable, declared_throughput
 
 # Bump when a code change alters what an unchanged config computes, so old runs re-train.
-IDENTITY_VERSION = 1
+# 2: the corpus's content hash joined the identity; one eval subset per run (curve and final).
+IDENTITY_VERSION = 2
 
 
 class PlanError(ValueError):
@@ -66,7 +72,11 @@ class RunSpec(BaseModel):
 
     Units: ``tokens`` (training tokens), ``flops_per_token`` (training FLOPs per token,
     3 x forward), ``total_flops`` = tokens x flops_per_token. ``n_params`` is N, the
-    non-embedding parameter count; ``n_params_total`` includes embeddings.
+    non-embedding parameter count; ``n_params_total`` includes embeddings. ``data_hash``:
+    the corpus's content hash the run was planned with (None: planned without one, e.g. an
+    older run file). ``calibration`` (wallclock budgets only): where the tokens/s came from
+    (``source``: spec or calibration), ``digest`` (of the whole table) and this scale's
+    ``tokens_per_s`` per variant, recorded with the run.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -96,6 +106,8 @@ class RunSpec(BaseModel):
     corpus: dict[str, Any]
     tokenizer: dict[str, Any]
     resources: ResourcesSpec
+    data_hash: str | None = None
+    calibration: dict[str, Any] | None = None
 
     @property
     def run_name(self) -> str:
@@ -162,27 +174,43 @@ def _steps_for(tokens: float, tokens_per_step: int) -> int:
     return max(1, int(round(tokens / tokens_per_step)))
 
 
-def plan(study: Study, throughput: ThroughputTable | None = None) -> list[RunSpec]:
+def plan(study: Study, throughput: ThroughputTable | None = None,
+         data: dict[str, str] | None = None) -> list[RunSpec]:
     """Expand a study into runs, ordered by corpus, scale, variant, seed, then extend.
 
     Args:
         throughput: tokens/s per scale and variant (``orchestrator.plan.throughput``), read
             only in ``wallclock`` mode; the spec's declared ``budget.throughput`` takes
-            precedence over it. Callers load it (``throughput_table(study)``): the planner
-            itself touches no disk and no hardware.
+            precedence over it.
+        data: corpus name -> content hash (``orchestrator.plan.inputs.corpus_hashes``); it
+            enters every run's identity. Without it the ids cover the configs only: every
+            product caller passes it (``orchestrator.plan.inputs.plan_study``).
+        Callers load both: the planner itself touches no disk and no hardware.
 
     Raises:
-        PlanError: a budget that rounds to less than one optimizer step, or a wallclock
-            study without the throughput of every variant.
+        PlanError: a budget that rounds to less than one optimizer step, a wallclock study
+            without the throughput of every variant, or ``data`` without a hash for a corpus.
     """
     table = declared_throughput(study) or throughput or {}
     runs: list[RunSpec] = []
     for corpus_name, corpus in study.corpus_map.items():
-        runs.extend(_plan_corpus(study, corpus_name, corpus.model_dump(mode="json"), table))
+        if data is not None and corpus_name not in data:
+            raise PlanError(f"no content hash given for corpus {corpus_name!r} (have {sorted(data)})")
+        data_hash = data[corpus_name] if data is not None else None
+        runs.extend(_plan_corpus(study, corpus_name, corpus.model_dump(mode="json"), table, data_hash))
     return runs
 
 
-def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: ThroughputTable) -> list[RunSpec]:
+def _calibration_record(study: Study, scale: str, table: ThroughputTable) -> dict[str, Any] | None:
+    """What a wallclock run records about the throughput its budget came from (RunSpec)."""
+    if study.budget.mode != "wallclock":
+        return None
+    return {"source": "spec" if study.budget.throughput else "calibration", "digest": run_identity(table),
+            "tokens_per_s": dict(table.get(scale) or {})}
+
+
+def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: ThroughputTable,
+                 data_hash: str | None) -> list[RunSpec]:
     """Every run of one corpus: per scale, the reference budget, then each variant's."""
     runs: list[RunSpec] = []
     # MQAR brings its own vocabulary (no tokenizer); text corpora use the tokenizer's.
@@ -205,6 +233,7 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
         eval_every = (
             max(1, study.eval.every_tokens // tps) if study.eval.every_tokens else max(1, ref_steps // study.eval.num_evals)
         )
+        extra = {"data_hash": data_hash, "calibration": _calibration_record(study, scale, table)}
         for v in study.variants:
             d_v = _variant_tokens(study, scale, v.name, d_ref, ref, counts[v.name], table)
             multipliers = [1.0] + (list(study.extend) if v.name == study.reference else [])
@@ -214,7 +243,7 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
                     train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps)),
                                                     "lr": v.lr or base.lr})
                     runs.append(_run_spec(study, corpus_name, corpus, v, scale, seed, e, configs[v.name].model_dump(),
-                                          counts[v.name], steps, train, eval_every))
+                                          counts[v.name], steps, train, eval_every, extra))
     return runs
 
 
@@ -249,8 +278,9 @@ def _variant_tokens(study: Study, scale: str, variant: str, d_ref: int, ref: Mod
 
 def _run_spec(study: Study, corpus_name: str, corpus: dict[str, Any], v: VariantSpec, scale: str, seed: int,
               e: float, model_cfg: dict[str, Any], c: ModelCounts, steps: int, train: TrainRecipe,
-              eval_every: int) -> RunSpec:
-    """One RunSpec, its ``run_id`` hashed from what it computes (module docstring)."""
+              eval_every: int, extra: dict[str, Any]) -> RunSpec:
+    """One RunSpec, its ``run_id`` hashed from what it computes (module docstring); ``extra``
+    holds its ``data_hash`` (in the identity) and ``calibration`` record (not in it)."""
     identity = {
         "v": IDENTITY_VERSION,
         "variant": v.name,
@@ -265,6 +295,7 @@ def _run_spec(study: Study, corpus_name: str, corpus: dict[str, Any], v: Variant
         "eval": [eval_every, study.eval.max_windows, study.eval.final_max_windows, study.eval.diagnostics],
         "corpus": corpus,
         "tokenizer": study.tokenizer.model_dump(mode="json"),
+        "data": extra["data_hash"],
     }
     tokens = steps * train.tokens_per_step
     return RunSpec(
@@ -293,4 +324,5 @@ def _run_spec(study: Study, corpus_name: str, corpus: dict[str, Any], v: Variant
         corpus=corpus,
         tokenizer=study.tokenizer.model_dump(mode="json"),
         resources=study.resources,
+        **extra,
     )

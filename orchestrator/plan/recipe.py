@@ -15,6 +15,7 @@ speed). The paper scales train at their preset's context (60m: 512; 150m, 350m: 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,13 @@ RECIPES: dict[str, ScaleRecipe] = {
     "350m": ScaleRecipe(seq_len=None, global_batch=512, micro_batch=8, lr=3e-4),
 }
 
+# Defaults of every scale (a spec's ``train:`` section overrides them; ``TrainSpec`` takes
+# its defaults from here). ``DECAY_FRACTION``: the share of steps the ``wsd`` schedule spends
+# in its final linear decay (Hägele et al. 2024 find ~20% matches cosine).
+SCHEDULE: Final = "cosine"
 WARMUP_FRACTION = 0.05
 MIN_LR_RATIO = 0.1
+DECAY_FRACTION = 0.2
 WEIGHT_DECAY = 0.1
 BETAS = (0.9, 0.95)
 GRAD_CLIP = 1.0

@@ -1,10 +1,11 @@
 """Study specs: the YAML files in ``jobs/`` parsed into pydantic models.
 
 A spec names only what the study varies (scales, variants, seeds, budget, corpus); the rest
-comes from the recipe (``orchestrator.plan.recipe``) and the model presets. Validation is total
-and happens before anything runs: an unknown variant option fails here, not an hour into a
-cluster job. ``load_spec`` collects every error with its file and field path so the CLI can
-print them all and exit with code 2.
+comes from the recipe (``orchestrator.plan.recipe``), the model presets, and the base spec it
+``extends`` (``orchestrator.plan.specfile``: shared cluster and corpus blocks). Validation is
+total and happens before anything runs: an unknown variant option fails here, not an hour
+into a cluster job. ``load_spec`` collects every error with its file and field path so the
+CLI can print them all and exit with code 2.
 """
 
 from __future__ import annotations
@@ -12,24 +13,25 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from data_pipeline import CorpusConfig, TokenizerConfig
+from orchestrator.plan import recipe
+from orchestrator.plan.specfile import Layer, Loc, SpecError, loc_str, merge_layers, origin, read_layers, validation_problems
+
+__all__ = ["SpecError", "Study", "VariantSpec", "BudgetSpec", "TrainSpec", "EvalSpec", "ResourcesSpec",
+           "default_workdir", "parse_spec", "load_spec", "check_local_corpus_paths"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+WORKDIR_ROOT = Path("runs")
 
 
-class SpecError(ValueError):
-    """A spec file that cannot be used. ``problems`` holds (field path, message) pairs."""
-
-    def __init__(self, path: str | Path, problems: list[tuple[str, str]]):
-        self.path = str(path)
-        self.problems = problems
-        lines = [f"{self.path}: {loc}: {msg}" if loc else f"{self.path}: {msg}" for loc, msg in problems]
-        super().__init__("\n".join(lines))
+def default_workdir(study_name: str) -> Path:
+    """Where a study keeps its embedded state unless its spec says ``workdir``: ``runs/<name>``
+    under the current folder (absolute)."""
+    return (WORKDIR_ROOT / study_name).resolve()
 
 
 class _Strict(BaseModel):
@@ -93,10 +95,10 @@ class BudgetSpec(_Strict):
     def _one_size(self) -> BudgetSpec:
         if (self.tokens is None) == (self.tokens_per_param is None):
             raise ValueError("give exactly one of budget.tokens or budget.tokens_per_param")
-        values = self.tokens.values() if isinstance(self.tokens, dict) else [self.tokens]
-        for v in values:
-            if v is not None and v <= 0:
-                raise ValueError(f"budget tokens must be positive, got {v}")
+        sizes = self.tokens.values() if isinstance(self.tokens, dict) else [self.tokens]
+        for n in sizes:
+            if n is not None and n <= 0:
+                raise ValueError(f"budget tokens must be positive, got {n}")
         if self.tokens_per_param is not None and not self.tokens_per_param > 0:
             raise ValueError(f"budget.tokens_per_param must be positive, got {self.tokens_per_param}")
         for k, v in (self.throughput or {}).items():
@@ -118,12 +120,12 @@ class TrainSpec(_Strict):
     global_batch: int | None = Field(default=None, gt=0)
     micro_batch: int | None = Field(default=None, gt=0)
     lr: float | None = Field(default=None, gt=0)
-    schedule: Literal["cosine", "wsd"] = "cosine"
-    warmup_fraction: float = Field(default=0.05, ge=0, lt=1)
-    decay_fraction: float = Field(default=0.2, gt=0, le=1)
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
-    weight_decay: float = Field(default=0.1, ge=0)
-    grad_clip: float = Field(default=1.0, ge=0)
+    schedule: Literal["cosine", "wsd"] = recipe.SCHEDULE
+    warmup_fraction: float = Field(default=recipe.WARMUP_FRACTION, ge=0, lt=1)
+    decay_fraction: float = Field(default=recipe.DECAY_FRACTION, gt=0, le=1)
+    min_lr_ratio: float = Field(default=recipe.MIN_LR_RATIO, ge=0, le=1)
+    weight_decay: float = Field(default=recipe.WEIGHT_DECAY, ge=0)
+    grad_clip: float = Field(default=recipe.GRAD_CLIP, ge=0)
     log_every_steps: int = Field(default=10, gt=0)
 
 
@@ -200,11 +202,10 @@ class Study(_Strict):
     @classmethod
     def _scales_known(cls, v: list[str]) -> list[str]:
         from model import PRESETS
-        from orchestrator.plan.recipe import RECIPES
 
         for s in v:
-            if s not in PRESETS or s not in RECIPES:
-                raise ValueError(f"unknown scale {s!r}; allowed: {', '.join(p for p in PRESETS if p in RECIPES)}")
+            if s not in PRESETS or s not in recipe.RECIPES:
+                raise ValueError(f"unknown scale {s!r}; allowed: {', '.join(p for p in PRESETS if p in recipe.RECIPES)}")
         if len(set(v)) != len(v):
             raise ValueError("scales repeat")
         return v
@@ -257,13 +258,10 @@ class Study(_Strict):
 
     @property
     def workdir_path(self) -> Path:
-        """Where the study's embedded state lives (MLflow SQLite, Ray storage): ``runs/<name>``."""
-        return Path(self.workdir or Path("runs") / self.name).resolve()
-
-    @property
-    def resolved_tracking_uri(self) -> str:
-        """The MLflow tracking URI: the spec's, else a SQLite file in the work dir."""
-        return self.tracking_uri or f"sqlite:///{self.workdir_path / 'mlflow.db'}"
+        """Where the study's embedded state lives (MLflow SQLite, Ray storage, calibration):
+        the spec's ``workdir``, else ``default_workdir(name)``. The tracking store in it is
+        ``orchestrator.track.tracking.study_tracking_uri``."""
+        return Path(self.workdir).resolve() if self.workdir else default_workdir(self.name)
 
     @property
     def resolved_storage_path(self) -> str:
@@ -271,16 +269,16 @@ class Study(_Strict):
         return self.storage_path or str(self.workdir_path / "ray")
 
 
-def _check_variant_options(study: Study) -> list[tuple[str, str]]:
+def _check_variant_options(study: Study) -> list[tuple[Loc, str]]:
     """Build every (variant, scale) model config once so bad options fail at validation."""
     from model import build_config
 
-    problems = []
+    problems: list[tuple[Loc, str]] = []
     for i, v in enumerate(study.variants):
         try:
             build_config(study.scales[0], v.model_variant, vocab_size=study.tokenizer.vocab_size, **v.options)
         except (ValueError, TypeError) as e:
-            problems.append((f"variants[{i}].options", str(e)))
+            problems.append((("variants", i, "options"), str(e)))
     return problems
 
 
@@ -320,103 +318,39 @@ def _check_corpus_paths(study: Study) -> list[tuple[str, str]]:
     return problems
 
 
-def _loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("function-after", "function-before") or str(part).startswith(("function-", "tagged-union")):
-            continue
-        else:
-            out += f".{part}" if out else str(part)
-    return out
+def _raise(path: str | Path, problems: list[tuple[Loc, str]], layers: list[Layer] | None) -> NoReturn:
+    files = [origin(layers, loc) if layers else path for loc, _ in problems]
+    raise SpecError(path, [(loc_str(loc), msg) for loc, msg in problems], files)
 
 
-def _first_model(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside an annotation such as ``CorpusConfig | None`` or ``dict[str, X]``."""
-    import typing
+def parse_spec(data: Any, path: str | Path = "<spec>", layers: list[Layer] | None = None) -> Study:
+    """Validate an already-loaded mapping as a Study; raises SpecError with every problem.
 
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _first_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _allowed_fields(loc: tuple) -> list[str]:
-    """Field names of the model that holds ``loc`` (dict keys and list indices skipped)."""
-    cls: type[BaseModel] | None = Study
-    for part in loc[:-1]:
-        if cls is None or isinstance(part, int) or part not in cls.model_fields:
-            continue
-        cls = _first_model(cls.model_fields[part].annotation)
-    return sorted(cls.model_fields) if cls is not None else []
-
-
-def _unknown_field_message(loc: tuple) -> str:
-    import difflib
-
-    allowed = _allowed_fields(loc)
-    close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown field ({hint}allowed: {', '.join(allowed)})" if allowed else "unknown field"
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML loader that refuses a key given twice in one mapping (YAML says keys are unique;
-    PyYAML would silently keep the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def parse_spec(data: Any, path: str | Path = "<spec>") -> Study:
-    """Validate an already-loaded mapping as a Study; raises SpecError with every problem."""
+    ``layers``: the files ``data`` was merged from (``load_spec``), so that each problem
+    names the file holding the bad field; without them every problem names ``path``.
+    """
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
         raise SpecError(path, [("", f"the spec is {kind}; expected a YAML mapping with name, scales, variants, budget")])
     try:
         study = Study.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = _unknown_field_message(tuple(p for p in err["loc"] if not str(p).startswith("function-")))
-            elif err["type"] == "literal_error":
-                msg = f"{msg} (got {err.get('input')!r})"
-            problems.append((_loc(err["loc"]), msg))
-        raise SpecError(path, problems) from None
+        _raise(path, validation_problems(e, Study), layers)
     problems = _check_variant_options(study)
     if problems:
-        raise SpecError(path, problems)
+        _raise(path, problems, layers)
     return study
 
 
 def load_spec(path: str | Path) -> Study:
-    """Read and validate a study spec file.
+    """Read and validate a study spec file, merged over the bases it ``extends``.
 
     Raises:
-        SpecError: the file is missing, unreadable, not YAML, empty, or fails validation;
-            the message names the file and every bad field with the allowed values.
+        SpecError: the file or a base is missing, unreadable, not YAML, empty, ``extends``
+            forms a cycle, or the merged spec fails validation; the message names the file
+            holding each bad field and lists the allowed values.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(p, [("", "no such file" if not p.exists() else "not a regular file")])
-    try:
-        data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(p, [("", f"invalid YAML{where}: {getattr(e, 'problem', e)}")]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(p, [("", f"cannot read: {e}")]) from None
-    return parse_spec(data, p)
+    layers = read_layers(Path(path))
+    if len(layers) == 1:
+        return parse_spec(layers[0].data, path)
+    return parse_spec(merge_layers(layers), path, layers)

@@ -25,6 +25,7 @@ from pathlib import Path
 from orchestrator.report.build import build_report
 from orchestrator.report.query import export_study, query_study
 from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
+from orchestrator.track.tracking import sqlite_path, sqlite_uri
 
 SECTION = "## Report from MLflow (`python -m orchestrator.report.bench`)"
 # 5 scales x 20 seeds x (4 variants + standard at x1 and 5 extend levels) = 1,000 runs.
@@ -51,18 +52,18 @@ def bench_store(cache: Path, study: SyntheticStudy = BENCH) -> tuple[str, float 
     key = hashlib.sha256(repr(asdict(study)).encode()).hexdigest()[:12]
     db = cache / f"{study.study}-{key}.db"
     if db.exists():
-        return f"sqlite:///{db}", None
+        return sqlite_uri(db), None
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".db.tmp", dir=cache)
     os.close(fd)
     os.unlink(tmp)  # MLflow creates the schema itself
     t0 = time.perf_counter()
     try:
-        write_synthetic_study(study, f"sqlite:///{tmp}", bulk_sql=True)
+        write_synthetic_study(study, sqlite_uri(tmp), bulk_sql=True)
         os.replace(tmp, db)
     finally:
         Path(tmp).unlink(missing_ok=True)
-    return f"sqlite:///{db}", time.perf_counter() - t0
+    return sqlite_uri(db), time.perf_counter() - t0
 
 
 def _machine() -> str:
@@ -82,8 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="qkstudy-report-bench-"))
     try:
         db = work / "mlflow.db"
-        shutil.copy(uri.split("sqlite:///", 1)[1], db)
-        uri = f"sqlite:///{db}"
+        shutil.copy(str(sqlite_path(uri)), db)  # bench_store's URI is a sqlite file
+        uri = sqlite_uri(db)
         t0 = time.perf_counter()
         data = query_study(BENCH.study, uri)
         t_query = time.perf_counter() - t0

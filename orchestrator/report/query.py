@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.report.errors import ReportError
+from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, sqlite_path
 
-KIND_TAG = "qkstudy.kind"
 # Tags and params promoted to typed columns of the run table; the rest keep a prefix.
 RUN_TAGS = ("study", "run_id", "variant", "scale", "seed", "corpus", "extend", "status", "failure_reason")
 NUMERIC_PARAMS = ("n_params", "n_params_total", "flops_per_token", "planned_tokens", "seq_len", "global_batch")
@@ -122,10 +122,11 @@ def export_study(study: str, tracking_uri: str, out_file: str | os.PathLike) -> 
 
 def _sqlite_path(tracking_uri: str) -> str | None:
     """Filesystem path of a sqlite:/// URI (None for other databases); ReportError if absent."""
-    if urlparse(tracking_uri).scheme.split("+")[0].lower() != "sqlite":
+    db = sqlite_path(tracking_uri)
+    if db is None:
         return None
-    path = tracking_uri.split("sqlite:///", 1)[-1]
-    if not path or path == ":memory:" or not Path(path).exists():
+    path = str(db)
+    if path in (".", ":memory:") or not db.exists():
         raise ReportError(f"tracking store {tracking_uri}: database file {path!r} does not exist")
     return path
 
@@ -219,7 +220,8 @@ def _query_client(study: str, tracking_uri: str, with_metrics: bool) -> StudyDat
         raise ReportError(f"tracking store {tracking_uri}: {err}") from err
     if exp is None or exp.lifecycle_stage != "active":
         raise ReportError(f"study {study!r}: no MLflow experiment of that name in {tracking_uri}")
-    found, token = [], None
+    found: list = []
+    token = None
     while True:
         page = client.search_runs(
             [exp.experiment_id], run_view_type=ViewType.ACTIVE_ONLY, max_results=50000, page_token=token
@@ -343,7 +345,7 @@ def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame) -> 
             runs[f"params.{name}"] = p[name].reindex(runs.index)
     runs = runs.reset_index()
     # The report's own run and any other non-training kind are not data.
-    runs = runs[runs["kind"].isna() | (runs["kind"] == "train")].copy()
+    runs = runs[runs["kind"].isna() | (runs["kind"] == KIND_TRAIN)].copy()
     runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce").astype("Int64")
     runs["extend"] = pd.to_numeric(runs["extend"], errors="coerce").fillna(1.0).astype(float)
     runs["status"] = runs["status"].fillna(runs["mlflow_status"].str.lower())

@@ -8,11 +8,14 @@ TorchTrainer (workers sized from the spec; Ray places them as resources free up;
 many packs in flight as ``run.placement`` says fit at once) -> live progress from the
 ``ProgressBoard`` actor (``run.progress_view`` draws it) -> final states read back from MLflow.
 
-Idempotence: a run whose MLflow record (found by its ``run_id`` tag) is ``finished`` with the
-same data hash is skipped; an unfinished one is resumed: same MLflow run, same Ray Train
-run name (the pack's) and storage path, so Ray Train V2 hands the loop its latest
-checkpoint. A run whose resources can never fit the cluster is reported at once and not
-launched. A failing run is marked failed in MLflow and never takes the study down.
+Idempotence: a run whose MLflow record (found by its ``run_id`` tag, which covers the corpus's
+content hash) is ``finished`` with the same data hash is skipped; when every run is, the
+driver returns from MLflow alone, before Ray starts (``run.register``). An unfinished one is
+resumed: same MLflow run, same Ray Train run name (the pack's) and storage path, so Ray
+Train V2 hands the loop its latest checkpoint. Records of runs the plan replaced (other data,
+other configuration) are marked superseded, never resumed. A run whose resources can never
+fit the cluster is reported at once and not launched. A failing run is marked failed in
+MLflow and never takes the study down.
 """
 
 from __future__ import annotations
@@ -27,28 +30,29 @@ from typing import Any
 import ray
 from rich.console import Console
 
-from orchestrator.plan.planner import RunSpec, plan
+from orchestrator.plan.inputs import plan_study
+from orchestrator.plan.planner import RunSpec
 from orchestrator.plan.spec import Study
-from orchestrator.plan.throughput import throughput_table
 from orchestrator.run.data import check_data_fits, prepare_data
 from orchestrator.run.packing import Pack, fit_pack, launch_order, make_packs, pack_items
 from orchestrator.run.placement import alive_nodes, capacity, unschedulable_reason
 from orchestrator.run.progress import board_name, get_board
 from orchestrator.run.progress_view import StudyProgress
+from orchestrator.run.register import (
+    existing_runs,
+    finished_before_ray,
+    finished_on,
+    mark_superseded,
+    run_params,
+    supersede_replaced,
+)
 from orchestrator.track.tracking import (
-    KIND_STALE,
-    KIND_TAG,
     STATUS_FAILED,
     STATUS_FINISHED,
     STATUS_QUEUED,
-    client_for,
     create_run,
-    ensure_experiment,
-    find_train_runs,
     redact_uri,
-    run_status,
     set_status,
-    sqlite_path,
     study_tracking_uri,
 )
 
@@ -88,8 +92,12 @@ def run_study(study: Study, *, address: str | None = None, console: Console | No
 
     Returns:
         StudyResult with every run's final state (also in MLflow, which is the record).
+
+    Raises:
+        orchestrator.run.data.CorpusError: see ``run_runs``; also a corpus whose files cannot
+            be read to compute its content hash.
     """
-    return run_runs(plan(study, throughput_table(study)), study.name, study_tracking_uri(study),
+    return run_runs(plan_study(study), study.name, study_tracking_uri(study),
                     study.resolved_storage_path, address=address, console=console, verbose=verbose,
                     max_in_flight=max_in_flight)
 
@@ -108,9 +116,14 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
     console = console or Console(stderr=True)
     t0 = time.time()
     result = StudyResult()
+    console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {redact_uri(tracking_uri)}")
+    if finished_before_ray(runs, study_name, tracking_uri):
+        result.status = {r.run_id: "skipped" for r in runs}
+        console.print(f"{len(runs)} run(s) already finished in MLflow: skipped (Ray not started)")
+        result.wall_s = time.time() - t0
+        return result
     init_ray(address, verbose)
     nodes = alive_nodes()
-    console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {redact_uri(tracking_uri)}")
     with console.status("preparing data (Ray tasks)"):
         datasets = prepare_data(runs)
     for name, d in datasets.items():
@@ -132,20 +145,16 @@ def _register(runs: list[RunSpec], study_name: str, tracking_uri: str, datasets:
               nodes: list[dict[str, float]], result: StudyResult, console: Console) -> list[tuple[RunSpec, str]]:
     """Match each run to its MLflow record: skip the finished ones (same data), report the
     unschedulable ones, queue the rest under their MLflow run (resumed, or created; a record
-    trained on other data is marked stale). Returns [(run, MLflow run id)] to train."""
-    db = sqlite_path(tracking_uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    client = client_for(tracking_uri)
-    exp_id = ensure_experiment(client, study_name)
-    existing = find_train_runs(client, exp_id)
-
+    the plan replaced is marked superseded, ``run.register``). Returns [(run, MLflow run id)]
+    to train."""
+    client, exp_id, existing = existing_runs(tracking_uri, study_name)
+    supersede_replaced(client, existing, runs, datasets, console)
     todo: list[tuple[RunSpec, str]] = []
     for run in runs:
         data = datasets[run.corpus_name]
         prev = existing.get(run.run_id)
         same_data = prev is not None and prev.data.params.get("data_hash") == data["content_hash"]
-        if same_data and run_status(prev) == STATUS_FINISHED:
+        if finished_on(prev, data["content_hash"]):
             result.status[run.run_id] = "skipped"
             continue
         reason = unschedulable_reason(run, nodes)
@@ -157,9 +166,11 @@ def _register(runs: list[RunSpec], study_name: str, tracking_uri: str, datasets:
             mlflow_id = prev.info.run_id  # resume: the same MLflow run and Ray Train run name
             set_status(client, mlflow_id, STATUS_QUEUED)
         else:
-            if prev is not None:  # trained on other data: keep the record, but it no longer counts
-                client.set_tag(prev.info.run_id, KIND_TAG, KIND_STALE)
-            mlflow_id = create_run(client, exp_id, run, {"data_hash": data["content_hash"], "data_path": data["path"]})
+            if prev is not None:  # same id, other data (a run planned without a data hash)
+                mark_superseded(client, prev.info.run_id, run.run_id,
+                                f"trained on other data (content hash {prev.data.params.get('data_hash')}, "
+                                f"now {data['content_hash']})")
+            mlflow_id = create_run(client, exp_id, run, run_params(run, data))
         todo.append((run, mlflow_id))
     return todo
 

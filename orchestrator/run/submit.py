@@ -2,25 +2,37 @@
 
 The job is ``python -m orchestrator.cli run SPEC`` executed on the cluster with this
 checkout as its ``working_dir`` (so the code that planned the study is the code that runs
-it) and, optionally, a container image. Only the spec's *path* enters the entrypoint, quoted
+it), in the image the cluster's nodes run. Only the spec's *path* enters the entrypoint, quoted
 with ``shlex``; no spec field ever reaches a shell. Inside the job ``RAY_ADDRESS`` is set by
 Ray, so ``qkstudy run`` joins the cluster and schedules the runs there; resubmitting a study
 trains only the runs not finished in its MLflow store.
 
 Multi-node clusters need the study's ``tracking_uri`` to be an MLflow server and its
 ``storage_path`` (and QKSTUDY_CACHE for shards) on shared storage: a local SQLite file or
-folder on one node is not visible from the others.
+folder on one node is not visible from the others. A spec that leaves ``tracking_uri`` or
+``storage_path`` to its defaults under a relative ``workdir`` is refused (``ephemeral_fields``):
+those would live in the job's temporary copy of the working dir and vanish with it.
+
+Two checks guard the trust boundary a job crosses. ``check_submit_address`` refuses to send
+a job (code, and the user's authority over the cluster) over plain HTTP to anything but
+loopback unless the user says ``--allow-insecure``. ``shell_join`` is the only way an argv
+becomes the entrypoint string Ray runs through a shell: every element is quoted, so a path
+such as ``$(rm -rf ~).yaml`` stays one literal argument.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import shlex
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from orchestrator.plan.spec import Study, load_spec
-from orchestrator.run.security import check_submit_address, shell_join
+from orchestrator.plan.spec import SpecError, Study, load_spec
+from orchestrator.track.tracking import redact_uri
 
 # Never uploaded: environments, local state, VCS metadata.
 EXCLUDES = [".venv/", "runs/", ".git/", "**/__pycache__/", "*.egg-info/", ".pytest_cache/", "reports/", "mlruns/"]
@@ -29,14 +41,136 @@ FORWARDED_ENV = ("QKSTUDY_CACHE",)
 AGENT_WAIT_S = 120
 
 
-def build_job(spec_path: str | Path, address: str, *, image: str | None = None, allow_insecure: bool = False,
+class AddressError(ValueError):
+    """A job-submission address that cannot be used (the CLI exits with code 2)."""
+
+
+class InsecureAddressError(AddressError):
+    """A job-submission address would send the job unencrypted over a network."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IPs (127.0.0.0/8, ::1, IPv4-mapped 127.x).
+
+    A hostname other than ``localhost`` is *not* resolved: DNS could point it anywhere.
+    """
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def check_submit_address(address: str, *, allow_insecure: bool = False) -> str:
+    """Validate and normalise a Ray Job Submission address (the dashboard URL, port 8265).
+
+    Returns ``scheme://host[:port][/path]`` with scheme and host lower-cased and no trailing
+    slash. An address without a scheme (``HOST:8265``) is read as ``http://`` (what Ray
+    itself assumes) and then checked like one.
+
+    Accepted: ``https://`` anywhere; ``http://`` to a loopback host (127.0.0.0/8, ::1,
+    localhost), e.g. an SSH tunnel or ``docker compose`` on the same machine.
+
+    Raises:
+        InsecureAddressError: ``http://`` to a non-loopback host and ``allow_insecure`` is
+            False (the job, its code and any auth header would travel in clear text).
+        AddressError: empty or unparsable address, a scheme other than http/https
+            (``ray://`` is the Ray Client port, not the Job Submission API), a missing host,
+            an invalid port, credentials embedded in the address (they would end up in logs:
+            pass them as headers instead), or a query/fragment. No message holds a password.
+    """
+    if not isinstance(address, str) or not address.strip():
+        raise AddressError("submit address is empty: expected e.g. https://ray-head.example:8265")
+    raw = address.strip()
+    if "://" not in raw:
+        raw = "http://" + raw
+    shown = redact_uri(raw)  # no message repeats a password
+    try:
+        parts = urlsplit(raw)
+        port = parts.port  # parses and range-checks the port
+    except ValueError as err:
+        raise AddressError(f"submit address {shown!r} is not a valid URL: {err}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise AddressError(
+            f"submit address {shown!r}: scheme {scheme!r} is not supported; the Ray Job "
+            "Submission API is the dashboard URL, e.g. https://ray-head.example:8265"
+        )
+    host = parts.hostname
+    if not host:
+        raise AddressError(f"submit address {shown!r} has no host")
+    if parts.username is not None or parts.password is not None:
+        raise AddressError(
+            f"submit address {shown!r} embeds credentials; they would be logged. "
+            "Pass authentication as request headers (RAY_JOB_HEADERS) instead"
+        )
+    if parts.query or parts.fragment:
+        raise AddressError(f"submit address {shown!r} must not have a query or fragment")
+    if any(ch.isspace() for ch in raw):
+        raise AddressError(f"submit address {shown!r} contains whitespace")
+    if scheme == "http" and not is_loopback_host(host) and not allow_insecure:
+        raise InsecureAddressError(
+            f"refusing to submit to {shown!r} over plain http: the job would cross the network "
+            "unencrypted. Use https:// (TLS in front of the Ray dashboard), an SSH tunnel to "
+            "http://127.0.0.1:8265, or pass --allow-insecure if this network is trusted"
+        )
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def shell_join(argv: Sequence[str]) -> str:
+    """Quote an argv into one shell command line, for APIs that insist on a string.
+
+    Ray's Job Submission API takes ``entrypoint`` as a string and runs it with a shell on
+    the head node, so every element is quoted with `shlex.quote`: ``shlex.split`` of the
+    result gives back `argv` exactly, and shell metacharacters (``$( )``, backticks, ``;``,
+    ``|``, newlines) stay literal. Everywhere else launch processes with an argv list and
+    never ``shell=True``.
+
+    Raises:
+        TypeError: `argv` is a string (almost always a bug) or holds a non-string element.
+        ValueError: `argv` is empty or an element contains a NUL byte.
+    """
+    if isinstance(argv, (str, bytes)):
+        raise TypeError("shell_join expects a list of arguments, not a single string")
+    args = list(argv)
+    if not args:
+        raise ValueError("shell_join: empty argv")
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            raise TypeError(f"shell_join: argv[{i}] is {type(arg).__name__}, expected str")
+        if "\x00" in arg:
+            raise ValueError(f"shell_join: argv[{i}] contains a NUL byte")
+    return shlex.join(args)
+
+
+def ephemeral_fields(study: Study) -> list[tuple[str, str]]:
+    """(field, message) for ``tracking_uri`` / ``storage_path`` left unset while ``workdir`` is
+    unset or relative: their defaults would resolve inside the job's temporary working_dir copy
+    on the head node, so the history and checkpoints would be lost and a resubmit finds nothing."""
+    if study.workdir and Path(study.workdir).is_absolute():
+        return []
+    examples = {"tracking_uri": "http://mlflow:5000", "storage_path": f"/shared/qkstudy/{study.name}"}
+    return [(name, f"not set: on a cluster it would default to a path inside the job's temporary working dir, "
+                   f"lost when the job ends; set it (e.g. {examples[name]}) or pass --allow-ephemeral")
+            for name in ("tracking_uri", "storage_path") if getattr(study, name) is None]
+
+
+def build_job(spec_path: str | Path, address: str, *, allow_insecure: bool = False, allow_ephemeral: bool = False,
               working_dir: str | Path | None = None, upload: bool = True) -> dict[str, Any]:
     """The arguments of ``JobSubmissionClient.submit_job`` for a study, without sending them.
 
     Args:
         spec_path: the study spec; it must lie inside ``working_dir`` (it travels with it).
         address: the cluster's dashboard URL (``http://HOST:8265``).
-        image: optional container image for the job (runtime_env ``image_uri``).
+        allow_ephemeral: submit even when ``ephemeral_fields`` finds state that would be lost.
         working_dir: folder uploaded as the job's working dir (default: the current one).
         upload: False when the cluster already has the code (its image) and reads the spec
             at the same absolute path (shared storage): nothing is uploaded.
@@ -45,11 +179,14 @@ def build_job(spec_path: str | Path, address: str, *, image: str | None = None, 
         {"address", "entrypoint", "runtime_env", "metadata", "study"}.
 
     Raises:
-        SpecError: the spec does not validate. InsecureAddressError / ValueError: a bad
-            address (see ``orchestrator.run.security.check_submit_address``); a spec outside
-            the working dir.
+        SpecError: the spec does not validate, lies outside the working dir, or (unless
+            ``allow_ephemeral``) would keep its tracking store or checkpoints in the job's
+            temporary working dir.
+        AddressError: a bad address (see ``check_submit_address``).
     """
     study: Study = load_spec(spec_path)
+    if not allow_ephemeral and (lost := ephemeral_fields(study)):
+        raise SpecError(spec_path, lost)
     addr = check_submit_address(address, allow_insecure=allow_insecure)
     wd = Path(working_dir or os.getcwd()).resolve()
     spec_abs = Path(spec_path).resolve()
@@ -58,7 +195,7 @@ def build_job(spec_path: str | Path, address: str, *, image: str | None = None, 
         try:
             rel = spec_abs.relative_to(wd)
         except ValueError:
-            raise ValueError(f"{spec_path}: the spec must be inside the uploaded working dir {wd}") from None
+            raise SpecError(spec_path, [("", f"the spec must be inside the uploaded working dir {wd}")]) from None
         runtime_env.update(working_dir=str(wd), excludes=list(EXCLUDES))
     else:
         rel = spec_abs
@@ -66,19 +203,17 @@ def build_job(spec_path: str | Path, address: str, *, image: str | None = None, 
     env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
     if env:
         runtime_env["env_vars"] = env
-    if image:
-        runtime_env["image_uri"] = image
     return {"address": addr, "entrypoint": entrypoint, "runtime_env": runtime_env,
             "metadata": {"study": study.name, "spec": rel.as_posix()}, "study": study.name}
 
 
-def submit(spec_path: str | Path, address: str, *, image: str | None = None, allow_insecure: bool = False,
+def submit(spec_path: str | Path, address: str, *, allow_insecure: bool = False, allow_ephemeral: bool = False,
            working_dir: str | Path | None = None, upload: bool = True) -> str:
     """Submit a study as a Ray job (see ``build_job``); returns the job's submission id."""
     from ray.job_submission import JobSubmissionClient
 
-    job = build_job(spec_path, address, image=image, allow_insecure=allow_insecure, working_dir=working_dir,
-                    upload=upload)
+    job = build_job(spec_path, address, allow_insecure=allow_insecure, allow_ephemeral=allow_ephemeral,
+                    working_dir=working_dir, upload=upload)
     client = JobSubmissionClient(job["address"])
     # A cluster that just came up answers "No available agent" until its job agent is ready.
     deadline = time.time() + AGENT_WAIT_S

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from orchestrator.track.tracking import client_for, find_train_runs
+from orchestrator.track.tracking import (
+    STATUS_FAILED,
+    STATUS_FINISHED,
+    STATUS_QUEUED,
+    STATUS_RUNNING,
+    client_for,
+    find_train_runs,
+    run_status,
+    sqlite_path,
+)
+
+STATUS_PLANNED = "planned"  # in the plan, not in MLflow yet (a row of this view only, never a tag)
 
 
 class StudyNotFound(ValueError):
@@ -22,7 +32,7 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None) -> list
         StudyNotFound: the store or the experiment does not exist and no spec was given.
     """
     runs: dict[str, Any] = {}
-    db = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
+    db = sqlite_path(tracking_uri)
     if db is not None and not db.is_file():
         if spec is None:
             raise StudyNotFound(f"study {study!r}: no MLflow store at {db} (has it run? else pass --tracking-uri)")
@@ -36,17 +46,18 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None) -> list
     for run_id, r in runs.items():
         m, t, p = r.data.metrics, r.data.tags, r.data.params
         rows.append({
-            "run_name": r.info.run_name, "run_id": run_id, "status": t.get("status", "running"),
+            "run_name": r.info.run_name, "run_id": run_id, "status": run_status(r),
             "tokens": int(m["tokens"]) if "tokens" in m else None,
             "planned_tokens": int(p["planned_tokens"]) if "planned_tokens" in p else None,
             "val_ppl": m.get("val/ppl"), "note": t.get("failure_reason", "")[:120],
         })
     if spec is not None:
         from orchestrator.plan.planner import plan
+        from orchestrator.plan.throughput import throughput_table
 
-        for run in plan(spec):
+        for run in plan(spec, throughput_table(spec)):
             if run.run_id not in runs:
-                rows.append({"run_name": run.run_name, "run_id": run.run_id, "status": "planned", "tokens": None,
+                rows.append({"run_name": run.run_name, "run_id": run.run_id, "status": STATUS_PLANNED, "tokens": None,
                              "planned_tokens": run.tokens, "val_ppl": None, "note": ""})
-    order = {"running": 0, "failed": 1, "queued": 2, "planned": 3, "finished": 4}
+    order = {STATUS_RUNNING: 0, STATUS_FAILED: 1, STATUS_QUEUED: 2, STATUS_PLANNED: 3, STATUS_FINISHED: 4}
     return sorted(rows, key=lambda r: (order.get(r["status"], 9), r["run_name"]))

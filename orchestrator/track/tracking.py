@@ -1,24 +1,134 @@
 """MLflow conventions (DESIGN.md, "Conventions that numbers depend on") in one module.
 
-Experiment = study name. One MLflow run per planned run, found again by its ``run_id`` tag
-(the planner's hash), so a resubmitted study reuses the same MLflow run: the id is created
-once by the driver and carried in the run's checkpoint. Step = tokens seen (int). Tags:
-study, run_id, variant, scale, seed, corpus, extend, status, and ``qkstudy.kind`` = train
-(the report's own run is kind = report and never counts as a training run).
+The runner writes runs and the report reads them, often versions apart, so both take every
+convention from here: names, statuses, where the default store lives, and how a URI is
+printed. Experiment = study name. One MLflow run per planned run, found again by its
+``run_id`` tag (the planner's hash), so a resubmitted study reuses the same MLflow run: the
+id is created once by the driver and carried in the run's checkpoint. Step = tokens seen
+(int). Tags: study, run_id, variant, scale, seed, corpus, extend, status, and ``KIND_TAG``:
+``train`` for a training run, ``report`` for the report's own run, ``stale`` for an
+abandoned duplicate, ``superseded`` for a run whose data or configuration the study no longer
+has (tags ``superseded_by``: the run_id that replaced it, ``superseded_reason``); only
+``train`` runs are study data.
+
+Default store: ``sqlite:///<workdir>/mlflow.db`` (the study's workdir, ``runs/<study>`` by
+default). Every URI that is printed, logged or written into a report goes through
+``redact_uri`` first: a ``postgresql://user:password@host/db`` store must not leak its
+password into a shared report or a terminal log.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
 import time
 from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from orchestrator.plan.spec import default_workdir
+
+if TYPE_CHECKING:
+    from orchestrator.plan.spec import Study
+
 KIND_TAG = "qkstudy.kind"
+KIND_TRAIN, KIND_REPORT, KIND_STALE, KIND_SUPERSEDED = "train", "report", "stale", "superseded"
 STATUS_QUEUED, STATUS_RUNNING, STATUS_FINISHED, STATUS_FAILED = "queued", "running", "finished", "failed"
+STORE_FILE = "mlflow.db"
+REDACTED = "***"
+
+# MLflow prints "View run ... at: <tracking URI>/#/..." whenever a run on a server ends: the
+# URI raw, password included, into the CLI's output and every worker's log. Every process
+# that writes runs imports this module first.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+# --------------------------------------------------------------------------- store URIs
+
+
+def sqlite_uri(path: str | os.PathLike[str]) -> str:
+    """``sqlite:///<absolute path>`` of a SQLite store file (four slashes on POSIX)."""
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` (or ``sqlite+driver:///``) URI; None for any
+    other store. A relative path stays relative (SQLAlchemy reads it from the cwd)."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme.split("+")[0].lower() != "sqlite":
+        return None
+    return Path(rest.removeprefix("/").split("?", 1)[0])  # "sqlite://" (in memory): Path(".")
+
+
+def default_tracking_uri(workdir: str | os.PathLike[str]) -> str:
+    """The embedded store of a work dir: ``sqlite:///<workdir>/mlflow.db``."""
+    return sqlite_uri(Path(workdir) / STORE_FILE)
+
+
+def study_tracking_uri(study: Study) -> str:
+    """The spec's ``tracking_uri``, else the SQLite file in the study's work dir."""
+    return study.tracking_uri or default_tracking_uri(study.workdir_path)
+
+
+def named_study_uri(name: str, tracking_uri: str | None = None) -> str:
+    """Store of a study known only by name: ``tracking_uri``, else ``MLFLOW_TRACKING_URI``,
+    else the default work dir's SQLite file (``runs/<name>/mlflow.db``)."""
+    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(default_workdir(name))
+
+
+# --------------------------------------------------------------------------- redaction
+
+# A URI inside any text: scheme, '://', then up to whitespace, a quote, '<', '>' or a backtick.
+_URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
+# A query key names a secret if one of its words is one of these ("token", "hf_token"; not
+# "tokens" or "tokenizer").
+_SECRET_WORDS = frozenset({"password", "passwd", "pwd", "secret", "token", "apikey", "credential", "credentials",
+                           "authorization", "auth", "cookie", "signature", "privatekey", "sessiontoken"})
+_SECRET_COMPOUNDS = ("api_key", "api-key", "private_key", "private-key", "access_key_secret")
+
+
+def _secret_key(key: str) -> bool:
+    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower()  # apiKey -> api_key
+    return any(c in snake for c in _SECRET_COMPOUNDS) or any(w in _SECRET_WORDS for w in re.split(r"[^a-z0-9]+", snake))
+
+
+def _redact_one(uri: str) -> str:
+    scheme, _, rest = uri.partition("://")
+    # The authority ends at the first '/': a '?', '#' or '@' inside an unencoded password must
+    # not end it early, so a query holding '@' with no path is over-masked rather than leaked.
+    cut = rest.find("/")
+    authority, tail = (rest, "") if cut < 0 else (rest[:cut], rest[cut:])
+    userinfo, at, host = authority.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        authority = f"{user}:{REDACTED}@{host}" if colon else f"{REDACTED}@{host}"
+    base, q, query = (authority + tail).partition("?")
+    if q:
+        query, hash_, fragment = query.partition("#")
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_secret_key(k) for k, _ in pairs):
+            query = urlencode([(k, REDACTED if _secret_key(k) else v) for k, v in pairs], safe="*")
+        base += "?" + query + hash_ + fragment
+    return f"{scheme}://{base}"
+
+
+def redact_uri(text: str) -> str:
+    """Mask the credentials of every URI in ``text`` (a URI, or a message holding URIs).
+
+    The password of ``scheme://user:password@host`` (or a bare ``scheme://token@host``) and
+    the values of secret query parameters (``token``, ``password``, ``api_key``, ...) become
+    ``***``: ``postgresql://mlflow:s3cr3t@db/mlflow`` -> ``postgresql://mlflow:***@db/mlflow``,
+    ``https://h/x?token=abc&a=1`` -> ``https://h/x?token=***&a=1``. Text without a URI
+    (a local path) comes back unchanged.
+    """
+    return _URI_RE.sub(lambda m: _redact_one(m[0]), text)
+
+
+# --------------------------------------------------------------------------- runs
 
 
 def client_for(uri: str) -> MlflowClient:
@@ -49,7 +159,7 @@ def find_train_runs(client: MlflowClient, experiment_id: str) -> dict[str, Any]:
     while True:
         page = client.search_runs(
             [experiment_id],
-            filter_string=f"tags.`{KIND_TAG}` = 'train'",
+            filter_string=f"tags.`{KIND_TAG}` = '{KIND_TRAIN}'",
             max_results=5000,
             order_by=["attributes.start_time ASC"],
             page_token=token,
@@ -69,7 +179,7 @@ def run_status(run: Any) -> str:
 def create_run(client: MlflowClient, experiment_id: str, spec: Any, extra_params: dict[str, Any] | None = None) -> str:
     """Create the MLflow run of a planned run (RunSpec) with its tags and params; return its id."""
     tags = {
-        KIND_TAG: "train",
+        KIND_TAG: KIND_TRAIN,
         "study": spec.study,
         "run_id": spec.run_id,
         "variant": spec.variant,

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.plan.spec import SpecError, load_spec
+from orchestrator.track.tracking import sqlite_path, study_tracking_uri
 
 GOOD = """\
 name: t
@@ -88,7 +89,9 @@ def test_good_spec_defaults(tmp_path):
     assert [v.name for v in s.variants] == ["standard", "coupled"]
     assert s.variants[1].options == {"integrator": "leapfrog", "n_steps": 2}
     assert list(s.corpus_map) == ["stdlib"] and s.seeds == [0] and s.resources.zero_stage == 2
-    assert s.resolved_tracking_uri.startswith("sqlite:///") and s.resolved_tracking_uri.endswith("runs/t/mlflow.db")
+    assert s.workdir_path == (Path.cwd() / "runs" / "t").resolve()
+    uri = study_tracking_uri(s)
+    assert uri == f"sqlite:///{Path.cwd().resolve()}/runs/t/mlflow.db" and sqlite_path(uri) == s.workdir_path / "mlflow.db"
 
 
 JOBS = sorted(Path(__file__).resolve().parents[3].joinpath("jobs").glob("*.yaml"))

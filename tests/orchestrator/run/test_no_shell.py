@@ -28,7 +28,7 @@ SHELL_CALLS = {
     ("subprocess", "getstatusoutput"), ("asyncio", "create_subprocess_shell"), ("pty", "spawn"),
 }
 PROCESS_CALLS = {"run", "Popen", "call", "check_call", "check_output"}
-SAFE_WRAPPERS = {"shell_join", "join", "quote"}  # security.shell_join, shlex.join, shlex.quote
+SAFE_WRAPPERS = {"shell_join", "join", "quote"}  # submit.shell_join, shlex.join, shlex.quote
 
 
 def _dotted(node: ast.AST) -> tuple[str, ...]:

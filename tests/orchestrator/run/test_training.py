@@ -18,6 +18,7 @@ from rich.console import Console
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.run.runner import run_runs, run_study
+from orchestrator.track.tracking import study_tracking_uri
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +77,7 @@ def test_divergent_run_fails_with_reason_and_study_finishes(local_ray, tmp_path)
             "resources": {"runs_per_trainer": 2}, "workdir": str(tmp_path / "diverge")}
     study = parse_spec(spec)
     res = run_study(study, console=Console(quiet=True))
-    c = MlflowClient(study.resolved_tracking_uri)
+    c = MlflowClient(study_tracking_uri(study))
     exp = c.get_experiment_by_name("diverge")
     runs = {r.data.tags["variant"]: r for r in c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")}
     hot, ok = runs["hot"], runs["standard"]
