@@ -1,0 +1,134 @@
+"""Torch-extension build locks: a stale one (its builder killed) is removed and said so; one a
+live process holds open, or builds under, is left alone; a waiter is freed by the sweeper; and
+(slow) the planted lock that hangs a real DeepSpeed op load is cleared by ``--prebuild``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from torch.utils.file_baton import FileBaton
+
+from orchestrator.run.ext_lock import clear_stale_locks, find_locks, lock_users, sweeping
+
+ROOT = Path(__file__).resolve().parents[3]
+OP = "deepspeed_shm_comm"
+
+
+def _plant(root: Path, age_s: float = 3600.0, op: str = OP) -> Path:
+    """A lock file as a killed FileBaton holder leaves it, ``age_s`` old."""
+    d = root / op
+    d.mkdir(parents=True, exist_ok=True)
+    lock = d / "lock"
+    os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
+    os.utime(lock, (time.time() - age_s, time.time() - age_s))
+    return lock
+
+
+def _holder(lock: Path, cwd: Path | None = None) -> subprocess.Popen:
+    """A live child that took ``lock`` with torch's own FileBaton (fd kept open), or, when
+    ``lock`` exists already, one that only works in ``cwd`` (a ninja left running)."""
+    code = textwrap.dedent("""
+        import sys, time
+        from torch.utils.file_baton import FileBaton
+        if sys.argv[2] == "take":
+            assert FileBaton(sys.argv[1]).try_acquire()
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    take = "take" if not lock.exists() else "cwd"
+    p = subprocess.Popen([sys.executable, "-c", code, str(lock), take], stdout=subprocess.PIPE, text=True,
+                         cwd=cwd or ROOT)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_planted_stale_lock_is_found_and_removed(tmp_path):
+    lock = _plant(tmp_path / "py311_cpu")  # the default root's layout: <tag>/<op>/lock
+    other = _plant(tmp_path, op="other_op")  # $TORCH_EXTENSIONS_DIR's layout: <op>/lock
+    assert find_locks([tmp_path]) == sorted([lock, other])
+    assert lock_users(lock) == []
+    msgs = clear_stale_locks([tmp_path], recheck_s=0.1)
+    assert len(msgs) == 2 and all("removed stale torch-extension build lock" in m for m in msgs)
+    assert str(lock) in " ".join(msgs) and not lock.exists() and not other.exists()
+    assert clear_stale_locks([tmp_path], recheck_s=0.1) == []
+
+
+def test_lock_held_open_by_a_live_process_is_kept_until_it_dies(tmp_path):
+    lock = tmp_path / OP / "lock"
+    lock.parent.mkdir()
+    p = _holder(lock)
+    try:
+        os.utime(lock, (time.time() - 3600, time.time() - 3600))  # old, but held
+        assert p.pid in (lock_users(lock) or [])
+        assert clear_stale_locks([tmp_path], recheck_s=0.1) == [] and lock.exists()
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    # the holder was killed mid-build: now nobody holds it
+    msgs = clear_stale_locks([tmp_path], recheck_s=0.1)
+    assert len(msgs) == 1 and not lock.exists()
+
+
+def test_lock_is_kept_while_a_process_builds_in_its_folder_or_when_young(tmp_path):
+    lock = _plant(tmp_path)
+    p = _holder(lock, cwd=lock.parent)  # no fd on the lock, but working in the build dir
+    try:
+        assert lock_users(lock) == [p.pid]
+        assert clear_stale_locks([tmp_path], recheck_s=0.1) == [] and lock.exists()
+    finally:
+        p.kill()
+        p.wait()
+    young = _plant(tmp_path, age_s=0.0, op="young_op")
+    msgs = clear_stale_locks([tmp_path], min_age_s=60, recheck_s=0.1)
+    assert len(msgs) == 1 and str(lock) in msgs[0]  # stale once its builder was gone
+    assert young.exists() and not lock.exists()  # too young to judge
+
+
+def test_sweeper_frees_a_process_waiting_on_a_dead_builders_lock(tmp_path):
+    lock = _plant(tmp_path)
+    logged: list[str] = []
+    done = threading.Event()
+
+    def wait_like_torch() -> None:
+        FileBaton(str(lock), wait_seconds=0.05).wait()  # what cpp_extension.load does: poll forever
+        done.set()
+
+    t = threading.Thread(target=wait_like_torch, daemon=True)
+    with sweeping(logged.append, interval_s=0.2, roots=[tmp_path]):
+        t.start()
+        assert done.wait(60)
+    assert len(logged) == 1 and str(lock) in logged[0]
+
+
+LOAD_OP = "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
+
+
+@pytest.mark.slow
+def test_planted_lock_hangs_a_real_op_load_and_prebuild_clears_it(tmp_path):
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    lock = _plant(tmp_path)
+    # Without the sweep, the load waits on the planted lock with no end and no message.
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", LOAD_OP], env=env, capture_output=True, timeout=45)
+    assert lock.exists()
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=800)
+    build_s = time.time() - t0
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"removed stale torch-extension build lock {lock}" in p.stdout
+    assert f"{OP} (" in p.stdout and "ready in" in p.stdout
+    assert list((tmp_path / OP).glob(f"{OP}*.so")) and not lock.exists()
+    t0 = time.time()
+    again = subprocess.run([sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "removed" not in again.stdout
+    print(f"prebuild of {OP}: {build_s:.0f} s (compiling), {time.time() - t0:.0f} s when built")
