@@ -14,6 +14,7 @@ import pandas as pd
 PPL = "val/ppl"
 WALL = "time/wall_s"
 FINAL_PPL = "final/val_ppl"
+FINAL_ACC = "final/val_accuracy"  # MQAR corpora: argmax = target on labelled positions (DESIGN.md)
 GROUP = ["scale", "variant", "extend"]
 
 
@@ -28,7 +29,8 @@ def run_finals(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
 
     Adds to the run table: tokens (planned tokens, else last step), final_ppl (NaN when the run
     is not finished or lacks final/val_ppl), final_wall_s (seconds, last time/wall_s),
-    final_flops (tokens x flops_per_token, training FLOPs), complete (bool).
+    final_flops (tokens x flops_per_token, training FLOPs), complete (bool), final_accuracy
+    (final/val_accuracy of a finished run, NaN where not logged).
     Requires metrics sorted by run_uuid, key, step (as query_study returns them).
     """
     out = runs.copy()
@@ -40,6 +42,8 @@ def run_finals(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     out["final_flops"] = out["tokens"] * out["flops_per_token"]
     out["complete"] = (out["status"] == "finished") & np.isfinite(final)
     out["final_ppl"] = np.where(out["complete"], final, np.nan)
+    acc = _last(metrics, FINAL_ACC).reindex(idx).to_numpy()
+    out["final_accuracy"] = np.where(out["status"] == "finished", acc, np.nan)
     return out
 
 
@@ -88,6 +92,15 @@ def seed_std(finals: pd.DataFrame) -> pd.DataFrame:
 
 def _planned_complete(finals: pd.DataFrame) -> pd.DataFrame:
     return finals[(finals["extend"] == 1.0) & finals["complete"]]
+
+
+def accuracy_table(finals: pd.DataFrame) -> pd.DataFrame:
+    """MQAR accuracy (final/val_accuracy, fraction of labelled positions right) of the planned
+    (x1) finished runs per scale and variant. Columns: scale, variant, mean, std (ddof=1, NaN
+    with one seed), n_seeds. Empty when no run logged it."""
+    f = finals[(finals["extend"] == 1.0) & np.isfinite(finals["final_accuracy"])]
+    g = f.groupby(["scale", "variant"], sort=True)["final_accuracy"]
+    return g.agg(mean="mean", std="std", n_seeds="size").reset_index()
 
 
 def paired_cost(finals: pd.DataFrame, reference: str) -> pd.DataFrame:

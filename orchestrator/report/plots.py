@@ -24,8 +24,14 @@ DPI = 110
 
 def colors(variants: list[str]) -> dict[str, str]:
     """A stable colour per variant (tab10 order)."""
-    cycle = plt.get_cmap("tab10").colors
+    cycle = _cycle("tab10")
     return {v: matplotlib.colors.to_hex(cycle[i % len(cycle)]) for i, v in enumerate(variants)}
+
+
+def _cycle(name: str) -> list:
+    """The colours of a qualitative colormap, in order."""
+    cmap = plt.get_cmap(name)
+    return [cmap(i) for i in range(cmap.N)]
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.4, rows: int = 1):
@@ -74,6 +80,29 @@ def _save(fig, path: Path) -> Path:
 XLABEL = {"step": "tokens seen", "flops": "training FLOPs", "wall_s": "wall-clock (s)"}
 
 
+def _positive(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    """Rows whose `cols` are finite and > 0: what a log axis can show (a partial store has NaN)."""
+    ok = np.ones(len(df), bool)
+    for c in cols:
+        v = pd.to_numeric(df[c], errors="coerce").to_numpy(float)
+        ok &= np.isfinite(v) & (v > 0)
+    return df[ok]
+
+
+def _log_axes(ax, drawn: bool, what: str) -> bool:
+    """Log-log axes with few ticks where something was drawn; else a note in the empty panel."""
+    if not drawn:
+        ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return False
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _log_ticks(ax.xaxis)
+    _log_ticks(ax.yaxis, eng=False)
+    return True
+
+
 def ppl_curves(
     curves: pd.DataFrame,
     finals: pd.DataFrame,
@@ -85,12 +114,16 @@ def ppl_curves(
 ) -> Path | None:
     """Val perplexity vs x ("step" = tokens, "flops" or "wall_s"), one panel per scale.
 
-    Lines: seed mean of each variant's planned (x1) run, band = +-1 seed std. Markers: final
-    perplexity of the reference's extend runs (the points the token ratio interpolates).
+    Lines: seed mean of each variant's planned (x1) run, band = +-1 seed std; dotted: the
+    reference's extend runs. Markers: final perplexity of the reference's extend runs (the
+    points the token ratio interpolates). Points without a positive x (no flops_per_token, no
+    time/wall_s) are left out; None when no panel has any.
     """
+    curves = _positive(curves, x, "mean")
     if curves.empty:
         return None
     fig, axes = _panels(len(scales))
+    fx = {"step": "tokens", "flops": "final_flops", "wall_s": "final_wall_s"}[x]
     for ax, scale in zip(axes[0], scales):
         c = curves[curves["scale"] == scale]
         for variant, g in c[c["extend"] == 1.0].groupby("variant", sort=False):
@@ -98,24 +131,19 @@ def ppl_curves(
             xs, m, s = g[x].to_numpy(float), g["mean"].to_numpy(float), g["std"].fillna(0.0).to_numpy(float)
             ax.plot(xs, m, color=cmap[variant], label=variant, lw=1.5)
             ax.fill_between(xs, m - s, m + s, color=cmap[variant], alpha=0.2, lw=0)
-        ext = c[(c["variant"] == reference) & (c["extend"] != 1.0)]
-        for e, g in ext.groupby("extend"):
+        for _, g in c[(c["variant"] == reference) & (c["extend"] != 1.0)].groupby("extend"):
             g = g.sort_values("step")
             ax.plot(g[x], g["mean"], color=cmap[reference], lw=0.8, ls=":", alpha=0.7)
-        f = finals[(finals["scale"] == scale) & (finals["variant"] == reference) & finals["complete"]]
-        fx = {"step": "tokens", "flops": "final_flops", "wall_s": "final_wall_s"}[x]
+        f = _positive(finals[(finals["scale"] == scale) & (finals["variant"] == reference) & finals["complete"]], fx, "final_ppl")
         pts = f.groupby("extend")[[fx, "final_ppl"]].mean()
         if len(pts):
             ax.plot(pts[fx], pts["final_ppl"], "kx", ms=7, label=f"{reference} extend finals")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        _log_ticks(ax.xaxis)
-        _log_ticks(ax.yaxis, eng=False)
+        if _log_axes(ax, not c.empty, f"val/ppl vs {XLABEL[x]}"):
+            ax.legend(fontsize=7)
         ax.set_title(f"scale {scale}")
         ax.set_xlabel(XLABEL[x])
         ax.set_ylabel("val perplexity")
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7)
     return _save(fig, path)
 
 
@@ -150,10 +178,8 @@ def token_ratios(ratios: list[dict], scales: list[str], cmap: dict[str, str], pa
 
 
 def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Path) -> Path | None:
-    """Final perplexity vs N (non-embedding) and vs FLOPs with fitted laws (titles say "fits" only
-    where one is drawn: a fit needs >= 3 scales); paper points beside."""
-    from orchestrator.report.scaling import PowerLawFit
-
+    """Final perplexity vs N (non-embedding) and vs FLOPs, with the fitted laws the analysis
+    accepted (scaling.py; titles say "fits" only where one is drawn); paper points beside."""
     f = finals[(finals["extend"] == 1.0) & finals["complete"]]
     if f.empty:
         return None
@@ -162,28 +188,38 @@ def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Pa
         (axes[0][0], "n_params", "N", "N (non-embedding parameters)"),
         (axes[0][1], "final_flops", "flops", "training FLOPs"),
     ):
-        drawn = False
-        for variant, g in f.groupby("variant"):
-            p = g.groupby("scale")[[xcol, "final_ppl"]].agg(["mean", "std"])
-            ax.errorbar(p[(xcol, "mean")], p[("final_ppl", "mean")], yerr=p[("final_ppl", "std")].fillna(0), fmt="o", color=cmap[variant], label=variant, capsize=2)
-            fit = analysis["fits"].get(variant, {}).get(key)
-            if fit:
-                drawn = True
-                law = PowerLawFit(**fit)
-                xs = np.logspace(np.log10(g[xcol].min() / 2), np.log10(g[xcol].max() * 4), 100)
-                ax.plot(xs, law.ppl(xs), color=cmap[variant], lw=1, label=f"fit a={law.alpha:.2f}")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        _log_ticks(ax.xaxis)
-        _log_ticks(ax.yaxis, eng=False)
+        drawn = _scaling_panel(ax, _positive(f, xcol, "final_ppl"), xcol, key, analysis, cmap)
         ax.set_xlabel(label)
         ax.set_ylabel("final val perplexity")
         ax.set_title("this study: L = E + A x^-alpha fits" if drawn else "this study: final perplexity vs size")
         ax.grid(True, which="major", alpha=0.3)
+    _paper_panel(axes[0][2], cmap)
+    return _save(fig, path)
+
+
+def _scaling_panel(ax, f: pd.DataFrame, xcol: str, key: str, analysis: dict, cmap: dict[str, str]) -> bool:
+    """Seed-mean points per variant and the accepted fits; True when a fit was drawn."""
+    from orchestrator.report.scaling import PowerLawFit
+
+    drawn = False
+    for variant, g in f.groupby("variant"):
+        p = g.groupby("scale")[[xcol, "final_ppl"]].agg(["mean", "std"])
+        ax.errorbar(p[(xcol, "mean")], p[("final_ppl", "mean")], yerr=p[("final_ppl", "std")].fillna(0), fmt="o",
+                    color=cmap[variant], label=variant, capsize=2)
+        fit = analysis["fits"].get(variant, {}).get(key, {}).get("fit")
+        if fit:
+            drawn = True
+            law = PowerLawFit(**fit)
+            xs = np.logspace(np.log10(g[xcol].min() / 2), np.log10(g[xcol].max() * 4), 100)
+            ax.plot(xs, law.ppl(xs), color=cmap[variant], lw=1, label=f"fit a={law.alpha:.2f}")
+    if _log_axes(ax, not f.empty, "runs with this size logged"):
         ax.legend(fontsize=6)
-    ax = axes[0][2]
+    return drawn
+
+
+def _paper_panel(ax, cmap: dict[str, str]) -> None:
     pvars = sorted({v for d in PAPER_PPL.values() for v in d})
-    pmap = {v: matplotlib.colors.to_hex(c) for v, c in zip(pvars, plt.get_cmap("Dark2").colors)}
+    pmap = {v: matplotlib.colors.to_hex(c) for v, c in zip(pvars, _cycle("Dark2"))}
     for variant in pvars:
         cv = next((c for v, c in cmap.items() if paper_variant(v) == variant), pmap[variant])
         pts = [(PAPER_NOMINAL_N[s], sum(d[variant]) / 2) for s, d in PAPER_PPL.items() if variant in d]
@@ -196,7 +232,6 @@ def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Pa
     ax.set_title("paper reference (arXiv 2604.01683)")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=6)
-    return _save(fig, path)
 
 
 def seed_spread(std: pd.DataFrame, scales: list[str], cmap: dict[str, str], path: Path) -> Path | None:
@@ -229,14 +264,17 @@ def attention(diag: dict[str, pd.DataFrame], scales: list[str], cmap: dict[str, 
     fig, axes = _panels(len(scales), height=3.0, rows=len(diag))
     for row, (key, c) in enumerate(diag.items()):
         for ax, scale in zip(axes[row], scales):
-            cs = c[(c["scale"] == scale) & (c["extend"] == 1.0)]
+            cs = _positive(c[(c["scale"] == scale) & (c["extend"] == 1.0)], "step")
             for variant, g in cs.groupby("variant", sort=False):
                 g = g.sort_values("step")
                 ax.plot(g["step"], g["mean"], color=cmap[variant], label=variant)
                 ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0), color=cmap[variant], alpha=0.2, lw=0)
+            ax.set_title(f"{key}, scale {scale}", fontsize=9)
+            if cs.empty:
+                ax.text(0.5, 0.5, f"no {key}", ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")
+                continue
             ax.set_xscale("log")
             _log_ticks(ax.xaxis)
-            ax.set_title(f"{key}, scale {scale}", fontsize=9)
             ax.set_xlabel("tokens seen")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=6)

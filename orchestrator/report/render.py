@@ -1,4 +1,4 @@
-"""report.md and report.html from one list of sections, so both always say the same thing.
+"""report.md and report.html from one list of sections (sections.py), so both always say the same thing.
 
 The HTML page is self-contained: figures are embedded as base64 PNG data URIs and the only
 style is an inline <style> block, so it opens from an MLflow artifact view or an e-mail.
@@ -9,192 +9,21 @@ from __future__ import annotations
 import base64
 import html as htmlmod
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
+from orchestrator.report.sections import sections
 
 CAPTIONS = {
     "ppl_vs_tokens.png": "Validation perplexity vs tokens seen, one panel per scale (seed mean, band = +-1 std; x = final points of the reference's extend runs).",
     "ppl_vs_flops.png": "Validation perplexity vs training FLOPs (3 x forward; README, \"Conventions the numbers depend on\"), one panel per scale.",
     "ppl_vs_wallclock.png": "Validation perplexity vs wall-clock seconds, one panel per scale.",
-    "token_ratio.png": "Token ratio per scale with 95% bootstrap interval over seeds; triangles are censored bounds.",
-    "scaling.png": "Final perplexity vs N (non-embedding) and vs FLOPs, with fitted L = E + A x^-alpha where a panel says so (a fit needs >= 3 scales); the paper's points on their own panel.",
+    "token_ratio.png": "Token ratio per scale with its 95% seed-paired interval; triangles are censored bounds.",
+    "scaling.png": "Final perplexity vs N (non-embedding) and vs FLOPs, with fitted L = E + A x^-alpha only where the Scaling section accepts a fit; the paper's points on their own panel.",
     "seed_std.png": "Seed standard deviation of final perplexity (paper: coupled 0.04, uncoupled MLP 0.31).",
     "attention.png": "Attention diagnostics over training (seed mean +-1 std).",
 }
-
-
-@dataclass
-class Section:
-    title: str
-    text: list[str] = field(default_factory=list)
-    table: pd.DataFrame | None = None
-    figures: list[str] = field(default_factory=list)
-
-
-def _fmt(x, spec=".2f", none="—"):
-    if x is None or (isinstance(x, float) and pd.isna(x)):
-        return none
-    return format(x, spec)
-
-
-def _int(x):
-    """An exact count with thousands separators (N, tokens): 204800 -> 204,800."""
-    return _fmt(x if x is None or pd.isna(x) else int(round(float(x))), ",")
-
-
-def _pct(x):
-    return _fmt(x, "+.2f") + ("%" if x is not None and not pd.isna(x) else "")
-
-
-def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
-    """The report's content in reading order."""
-    runs = summary["runs"]
-    ref, tgt = summary["reference"], summary["target"]
-    head = f"headline target `{tgt}`" if tgt else "no non-reference variant: no token ratio"
-    intro = [
-        f"Tracking URI `{summary['tracking_uri']}`, generated {summary['generated_at']}. Reference variant "
-        f"`{ref}`, {head}. Runs: {runs['total']} in MLflow, {runs['finished']} finished with a final "
-        f"perplexity, {len(runs['failed'])} failed, {len(runs['incomplete'])} incomplete, {len(runs['missing'])} missing."
-    ]
-    if not runs["finished"]:
-        intro.append("There is no finished run to compare: every run failed or is incomplete (listed at the end).")
-    out = [Section(f"qkstudy report: {summary['study']}", intro)]
-    ft = tables["final_ppl"]
-    out.append(
-        Section(
-            "Final validation perplexity (planned runs, mean over seeds)",
-            [
-                "N counts non-embedding parameters and tokens are the planned training tokens (README, \"Conventions the numbers "
-                "depend on\"). `vs reference` is the change of the seed-mean perplexity against "
-                f"`{ref}` at the same scale. Paper numbers (arXiv 2604.01683, WikiText-103) appear where the scale name "
-                "matches one of the paper's sizes; other corpora and sizes are not comparable in absolute terms."
-            ],
-            pd.DataFrame(
-                {
-                    "scale": ft["scale"],
-                    "variant": ft["variant"],
-                    "N (non-emb.)": ft["n_params"].map(_int),
-                    "N total": ft["n_params_total"].map(_int),
-                    "tokens": ft["tokens"].map(_int),
-                    "val ppl": [f"{_fmt(m, '.3f')} ± {_fmt(s, '.3f')} (n={n})" for m, s, n in zip(ft["mean_ppl"], ft["std"], ft["n_seeds"])],
-                    "vs reference": ft["change_vs_reference_pct"].map(_pct),
-                    "paper ppl": ft["paper_ppl"].map(lambda v: v if isinstance(v, str) else "—"),
-                    "paper vs reference": ft["paper_change_pct"].map(_pct),
-                }
-            ),
-            ["ppl_vs_tokens.png", "ppl_vs_flops.png", "ppl_vs_wallclock.png"],
-        )
-    )
-    paper = pd.DataFrame(
-        [{"scale": s, "variant": v, "WikiText-103 ppl": f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"} for s, d in PAPER_PPL.items() for v, (lo, hi) in d.items()]
-    )
-    out.append(Section("Paper reference numbers", [f"Compute-matched, the paper's standard model needs {PAPER_TOKEN_RATIO}x the tokens to match coupled."], paper))
-    rt = tables["token_ratio"]
-    out.append(
-        Section(
-            "Token ratio at equal perplexity",
-            [
-                f"Tokens `{ref}` needs to reach each variant's final perplexity, divided by that variant's tokens: monotone "
-                "(PCHIP) interpolation of log perplexity vs log tokens across the reference's extend runs, 95% percentile "
-                f"interval of a parametric bootstrap over seeds ({summary['n_boot']} draws of each run group's seed mean "
-                "from the pooled seed spread). A target outside the extend range is censored and shown "
-                "as a bound, never extrapolated: `>B` means the reference's longest run never reached it (B = that run's "
-                "tokens / the variant's tokens), `<B` means the reference was already better at x1 (B = the reference's "
-                "x1 tokens / the variant's tokens; below 1 when the variant trained on more tokens). The single-run curve estimate reads the reference's longest eval curve instead (labelled: "
-                "its intermediate checkpoints are not annealed, so it overstates the tokens needed). FLOP and wall-clock "
-                f"ratios compare cost at equal perplexity. Paper: {PAPER_TOKEN_RATIO}x."
-            ],
-            rt[["scale", "variant", "token_ratio", "interval_95", "single_run_estimate", "flop_ratio", "wall_ratio", "reference_extends", "note"]].rename(
-                columns={"interval_95": "95% interval", "single_run_estimate": "single-run curve estimate", "flop_ratio": "FLOP ratio", "wall_ratio": "wall-clock ratio", "reference_extends": "reference runs"}
-            ) if len(rt) else None,
-            ["token_ratio.png"],
-        )
-    )
-    if not len(rt):  # one variant only: the method text stays, the empty table goes
-        out[-1].text.insert(0, f"The study has only `{ref}`: no non-reference variant: no token ratio.")
-    fits = summary["scaling"]["fits"]
-    fit_rows = []
-    for v, d in fits.items():
-        for axis in ("N", "flops"):
-            f = d.get(axis)
-            fit_rows.append(
-                {"variant": v, "x": "N (non-emb.)" if axis == "N" else "training FLOPs", "scales": d["n_scales"], "E (nats)": _fmt(f and f["E"], ".4f"), "A": _fmt(f and f["A"], ".4g"), "alpha": _fmt(f and f["alpha"], ".3f"), "x0": _fmt(f and f["x0"], ".3g"), "rmse (nats)": _fmt(f and f["rmse"], ".2g")}
-            )
-    fade_text = []
-    for v, d in summary["scaling"]["fade"].items():
-        ci = d.get("ci")
-        ci_s = "" if not ci else f" (95% bootstrap interval {_fmt(ci[0], '.3g', '>1e16')} to {_fmt(ci[1], '.3g', '>1e16')})"
-        if d["n"] is None:  # no fit, or no crossing below 1e16: the note says which
-            fade_text.append(f"`{v}`: {d.get('note') or 'no estimate'}.")
-        else:
-            fade_text.append(f"`{v}`: advantage over `{ref}` falls below 1% at N ≈ {d['n']:.3g}{ci_s}. {d.get('note') or ''}".strip())
-    if not fade_text:
-        fade_text = ["None: no non-reference variant to compare."]
-    out.append(
-        Section(
-            "Scaling",
-            [
-                "L = E + A (x/x0)^-alpha fitted to final val loss (nats/token, = ln perplexity) with scipy curve_fit from "
-                "several starting points; fits need at least 3 scales. x0 is the geometric mean of x. Predicted scale where "
-                "each variant's perplexity advantage falls below 1% (from the fitted laws; an extrapolation, read with care):",
-                *fade_text,
-            ],
-            pd.DataFrame(fit_rows),
-            ["scaling.png"],
-        )
-    )
-    ss = tables["seed_std"]
-    out.append(
-        Section(
-            "Stability over seeds",
-            ["Seed standard deviation of final perplexity; paper: " + ", ".join(f"{k} {v}" for k, v in PAPER_SEED_STD.items()) + ". One seed gives no std."],
-            pd.DataFrame({"scale": ss["scale"], "variant": ss["variant"], "mean ppl": ss["mean"].map(lambda v: _fmt(v, ".3f")), "seed std": ss["std"].map(lambda v: _fmt(v, ".3f", "— (one seed)")), "seeds": ss["n_seeds"]}),
-            ["seed_std.png", "attention.png"],
-        )
-    )
-    ct, at = tables["cost"], tables["attention"].set_index(["scale", "variant"])
-
-    def _pm(m, sd, spec):
-        return "—" if m is None or m != m else _fmt(m, spec) + ("" if sd != sd else f" ± {_fmt(sd, spec)}")
-
-    cost_rows = []
-    for r in ct.itertuples():
-        a = at.loc[(r.scale, r.variant)] if (r.scale, r.variant) in at.index else None
-        cost_rows.append({
-            "scale": r.scale, "variant": r.variant, "train wall-clock (s)": _fmt(r.wall_s, ".1f"),
-            "wall-clock vs reference": _pm(r.wall_ratio, r.wall_ratio_std, ".3f"),
-            "time/token vs reference": _pm(r.time_per_token_ratio, r.time_per_token_ratio_std, ".3f"),
-            "effective rank": "—" if a is None else _pm(a["effective_rank"], a["effective_rank_std"], ".2f"),
-            "attention entropy (nats)": "—" if a is None else _pm(a["entropy"], a["entropy_std"], ".3f"),
-            "seeds": int(r.n_pairs),
-        })
-    out.append(
-        Section(
-            "Cost and attention at the planned budget",
-            [f"Per planned (x1) run, paired by seed with `{ref}`'s run of the same scale: training wall-clock "
-             "(seconds of optimizer steps, evals excluded) and its ratio, seconds per token and its ratio (mean ± std "
-             "over seeds); in a FLOP-matched study the wall-clock ratio is at equal FLOPs. Effective rank and entropy "
-             "of the attention maps at the last eval (model.diagnostics; mean over layers and heads); the paper finds "
-             "coupling raises the effective rank."],
-            pd.DataFrame(cost_rows) if cost_rows else None,
-        )
-    )
-    issues = tables["issues"]
-    out.append(
-        Section(
-            "Failed, incomplete and missing runs",
-            [f"Missing runs are judged against the {runs['expected_from']}." if len(issues) else "None: every expected run finished."],
-            issues if len(issues) else None,
-        )
-    )
-    figs = set(summary.get("figures", []))
-    for s in out:
-        s.figures = [f for f in s.figures if f in figs]
-    return out
 
 
 def markdown(summary: dict, tables: dict[str, pd.DataFrame]) -> str:
@@ -233,3 +62,27 @@ def html(summary: dict, tables: dict[str, pd.DataFrame], fig_dir: Path) -> str:
     )
     title = esc(f"qkstudy report: {summary['study']}")
     return f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title><style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+
+
+def corpus_index(summary: dict) -> str:
+    """The index report.md of a several-corpora study: links and one headline row per (corpus, scale)."""
+    corpora, variants = summary["corpora"], _variants(summary)
+    lines = [f"# qkstudy report: {summary['study']}", "", "One report per corpus (scales are not pooled across corpora):", ""]
+    lines += [f"- [{c}]({c}/report.md) ([html]({c}/report.html))" for c in corpora]
+    lines += ["", "Token ratio of each scale's headline variant (`<B`/`>B`: censored at the measured range), "
+              "seed-mean final perplexity per variant.", "",
+              "| corpus | scale | variant | token ratio | 95% interval | " + " | ".join(f"{v} ppl" for v in variants) + " |",
+              "|---|---|---|---|---|" + "---|" * len(variants)]
+    for s_ in summary["scales"]:
+        head = s_.get("ratios", {}).get(s_.get("target")) or {}
+        ppl = " | ".join(f"{s_['final_ppl'][v]:.2f}" if v in s_.get("final_ppl", {}) else "-" for v in variants)
+        lines.append(f"| {s_['corpus']} | {s_['scale']} | {s_.get('target') or '-'} | {s_.get('token_ratio_display', 'n/a')} "
+                     f"| {head.get('interval_display', 'n/a')} | {ppl} |")
+    return "\n".join(lines) + "\n"
+
+
+def _variants(summary: dict) -> list[str]:
+    seen: list[str] = []
+    for s_ in summary["scales"]:
+        seen += [v for v in s_.get("final_ppl", {}) if v not in seen]
+    return seen

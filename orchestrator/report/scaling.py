@@ -1,35 +1,55 @@
-"""Saturating power laws of final loss vs size, and where a variant's advantage fades.
+"""Scaling fits of final loss vs size that know their limits, and where an advantage ends.
 
-Fit L(x) = E + A * (x / x0)^(-alpha) to final val loss L = ln(perplexity) (nats/token)
+Law: L(x) = E + A (x / x0)^(-alpha), fitted (scipy curve_fit from an alpha x E grid of
+starts) to final val loss L = ln perplexity (nats/token) of every finished planned run
 against x = N (non-embedding parameters) or training FLOPs, as in Kaplan et al. 2020 and
-Hoffmann et al. 2022 (fit on loss, not perplexity, because loss is what the laws describe).
-x0 = geometric mean of x keeps A well conditioned. scipy curve_fit from several starting
-points (alpha x E grid) keeps the best; a bootstrap resamples each scale's seeds. The
-"advantage" of variant v over the reference is 1 - ppl_v(N) / ppl_ref(N); the predicted
-fade-out scale is the smallest N above the smallest measured one where it drops below 1%.
+Hoffmann et al. 2022; x0 = geometric mean of x keeps A well conditioned. A fit is made only
+where the data can determine it, else refused with the reason (and never drawn):
+
+- more distinct scales than the law has parameters (3; 2 when the exponent is fixed by the
+  caller, which the report then says);
+- the seed-mean loss falls with x from every scale to the next (bigger models that got
+  fewer steps can have higher loss: no power law in x describes that);
+- the best fit is not on a parameter bound (alpha in [1e-3, 3], E in [0, min loss], A >= 0):
+  a fit on a bound is the optimiser running out of room, not an estimate.
+
+Crossover: the N where a variant's advantage 1 - ppl_v(N) / ppl_ref(N) reaches zero, from
+the two accepted fits, searched from the smallest measured N to CROSSOVER_SPAN times the
+largest. It is predicted only where the variant is better at the smallest measured scale
+(seed means), else "no advantage at the smallest measured scale". Its interval is a
+percentile bootstrap over seeds, resampled jointly for the variant and the reference (the
+same seeds at each scale: the pairing) where their seeds match; draws whose refits are
+refused are counted and reported.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import OptimizeWarning, curve_fit
 
-N_GRID = np.logspace(4, 16, 2000)
+ALPHA_BOUNDS = (1e-3, 3.0)
+CROSSOVER_SPAN = 100.0  # the crossover is searched up to this many times the largest measured N
+AXES = {"N": ("n_params", "N"), "flops": ("final_flops", "training FLOPs")}
 
 
 @dataclass
 class PowerLawFit:
-    """L(x) = E + A (x/x0)^(-alpha) with L in nats/token; rmse over the fitted points."""
+    """L(x) = E + A (x/x0)^(-alpha) with L in nats/token; rmse over the fitted points.
+
+    bound: which parameter the fit sits on a bound of ("alpha = 0.001 (lower)"), else None.
+    """
 
     E: float
     A: float
     alpha: float
     x0: float
     rmse: float
+    bound: str | None = None
 
     def loss(self, x):
         return self.E + self.A * (np.asarray(x, float) / self.x0) ** (-self.alpha)
@@ -42,30 +62,36 @@ def _law(x, E, A, alpha):
     return E + A * x ** (-alpha)
 
 
-def fit_power_law(x: np.ndarray, loss: np.ndarray, *, starts: list[tuple[float, float]] | None = None) -> PowerLawFit | None:
-    """Best least-squares fit over several (alpha, E-fraction) starts; None with < 3 distinct x.
+def fit_power_law(x: np.ndarray, loss: np.ndarray, *, alpha: float | None = None,
+                  starts: list[tuple[float, float]] | None = None) -> PowerLawFit | None:
+    """Best least-squares fit over several (alpha, E-fraction) starts.
 
-    x: shape (n,), positive (parameters or FLOPs); loss: shape (n,), nats/token.
+    x: shape (n,), positive (parameters or FLOPs); loss: shape (n,), nats/token. alpha: a
+    fixed exponent (then only E and A are fitted). None when x has no more distinct values
+    than the law has free parameters, or no start converges. The result's `bound` says
+    whether it sits on a parameter bound.
     """
     x, loss = np.asarray(x, float), np.asarray(loss, float)
     ok = np.isfinite(x) & np.isfinite(loss) & (x > 0)
     x, loss = x[ok], loss[ok]
-    if len(np.unique(x)) < 3:
+    if len(np.unique(x)) <= (2 if alpha is not None else 3):
         return None
     x0 = float(np.exp(np.log(x).mean()))
-    u = x / x0
-    lo = float(loss.min())
+    u, lo = x / x0, float(loss.min())
     best = None
-    starts = starts or [(a, e) for a in (0.1, 0.3, 0.7) for e in (0.0, 0.5, 0.9)]
-    for alpha0, e_frac in starts:
+    for alpha0, e_frac in starts or [(a, e) for a in (0.1, 0.3, 0.7) for e in (0.0, 0.5, 0.9)]:
+        a_use = alpha if alpha is not None else alpha0
         e0 = e_frac * lo
-        a0 = max(float(np.mean((loss - e0) * u**alpha0)), 1e-6)
+        p0 = [e0, max(float(np.mean((loss - e0) * u**a_use)), 1e-6)]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", OptimizeWarning)
-                p, _ = curve_fit(
-                    _law, u, loss, p0=(e0, a0, alpha0), bounds=([0.0, 0.0, 1e-3], [lo, np.inf, 3.0]), maxfev=5000
-                )
+                if alpha is not None:
+                    p, _ = curve_fit(lambda t, e, a: _law(t, e, a, alpha), u, loss, p0=p0, bounds=([0.0, 0.0], [lo, np.inf]))
+                    p = (*p, alpha)
+                else:
+                    p, _ = curve_fit(_law, u, loss, p0=(*p0, alpha0), bounds=([0.0, 0.0, ALPHA_BOUNDS[0]], [lo, np.inf, ALPHA_BOUNDS[1]]),
+                                     maxfev=5000)
         except (RuntimeError, ValueError):
             continue
         sse = float(np.sum((_law(u, *p) - loss) ** 2))
@@ -73,72 +99,176 @@ def fit_power_law(x: np.ndarray, loss: np.ndarray, *, starts: list[tuple[float, 
             best = (sse, p)
     if best is None:
         return None
-    sse, (E, A, alpha) = best
-    return PowerLawFit(float(E), float(A), float(alpha), x0, float(np.sqrt(sse / len(x))))
+    sse, (E, A, a_fit) = best
+    return PowerLawFit(float(E), float(A), float(a_fit), x0, float(np.sqrt(sse / len(x))), _on_bound(E, A, a_fit, lo, alpha))
 
 
-def bootstrap_fits(points: pd.DataFrame, x: str, fit: PowerLawFit, n_boot: int, rng: np.random.Generator) -> list[PowerLawFit]:
-    """Refit on seed resamples within each scale; points has columns scale, `x`, loss.
+def _on_bound(E: float, A: float, alpha: float, lo: float, fixed: float | None) -> str | None:
+    tol = 1e-4
+    checks = [("E", E, 0.0, "lower"), ("E", E, lo, "upper"), ("A", A, 0.0, "lower")]
+    if fixed is None:
+        checks += [("alpha", alpha, ALPHA_BOUNDS[0], "lower"), ("alpha", alpha, ALPHA_BOUNDS[1], "upper")]
+    for name, value, bound, side in checks:
+        if abs(value - bound) <= tol * max(1.0, abs(bound)):
+            return f"{name} = {bound:g} ({side})"
+    return None
 
-    Each draw starts from the full-data fit only (one start, not the grid) to stay cheap.
+
+def refusal(points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None) -> str | None:
+    """Why no law can be fitted to points (columns scale, `x`, loss), or None.
+
+    Checks the number of distinct scales against the law's parameters and that the seed-mean
+    loss falls from every scale to the next in x; every failed check is named ("; ").
     """
-    xs, ys = points[x].to_numpy(float), points["loss"].to_numpy(float)
-    groups = list(points.groupby("scale").indices.values())
-    start = [(fit.alpha, fit.E / max(ys.min(), 1e-9))]
-    out = []
-    for _ in range(n_boot):
-        idx = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups])
-        f = fit_power_law(xs[idx], ys[idx], starts=start)
-        if f is not None:
-            out.append(f)
-    return out
+    pts = points[np.isfinite(points[x]) & (points[x] > 0)]
+    if pts.empty:
+        return f"no {label} logged for its runs"
+    means = pts.groupby("scale")[[x, "loss"]].mean().sort_values(x)
+    n_par, k = (2 if fixed_alpha is not None else 3), len(means)
+    why = []
+    if k <= n_par:
+        why.append(f"{k} scale{'s' if k != 1 else ''} for a {n_par}-parameter law: a fit needs at least {n_par + 1} distinct "
+                   "scales" + ("" if fixed_alpha is not None else ", or a fixed exponent"))
+    rise = np.nonzero(np.diff(means["loss"].to_numpy()) >= 0)[0]
+    if len(rise):
+        a, b = means.iloc[rise[0]], means.iloc[rise[0] + 1]
+        why.append(f"loss does not fall with {label}: seed-mean loss {a['loss']:.3f} nats at {label} = {a[x]:.3g} "
+                   f"rises to {b['loss']:.3f} at {b[x]:.3g}")
+    return "; ".join(why) or None
 
 
-def fade_scale(ref: PowerLawFit, var: PowerLawFit, n_min: float, threshold: float = 0.01) -> float | None:
-    """Smallest N >= n_min where 1 - ppl_var(N)/ppl_ref(N) < threshold; None if not below 1e16."""
-    grid = N_GRID[N_GRID >= n_min]
-    adv = 1.0 - np.exp(var.loss(grid) - ref.loss(grid))
-    below = np.nonzero(adv < threshold)[0]
-    return float(grid[below[0]]) if len(below) else None
+def fit_axis(points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None = None) -> tuple[PowerLawFit | None, str | None]:
+    """(fit, None) when a law is supported by points (columns scale, `x`, loss), else (None, reason)."""
+    reason = refusal(points, x, label, fixed_alpha)
+    if reason:
+        return None, reason
+    fit = fit_power_law(points[x].to_numpy(), points["loss"].to_numpy(), alpha=fixed_alpha)
+    if fit is None:
+        return None, "no start of the least-squares fit converged"
+    if fit.bound:
+        return None, f"the best fit sits on the parameter bound {fit.bound}"
+    return fit, None
 
 
-def scaling_analysis(finals: pd.DataFrame, reference: str, *, n_boot: int = 200, rng: np.random.Generator | None = None) -> dict:
-    """Fits per variant vs N and vs FLOPs, and the fade-out scale of each variant's advantage.
+def crossover_scale(ref: PowerLawFit, var: PowerLawFit, n_min: float, n_max: float) -> float | None:
+    """Smallest N in [n_min, n_max] where var's loss reaches ref's (the advantage reaches zero).
 
-    finals: curves.run_finals output. Returns {"fits": {variant: {"N": fit|None, "flops": fit|None,
-    "n_scales": int}}, "fade": {variant: {"n": float|None, "ci": [lo, hi]|None, "note": str}}}
-    with fits as dicts (E, A, alpha, x0, rmse).
+    n_min when var is not better there already; None when it stays better up to n_max. The
+    crossing is refined by linear interpolation in ln N between grid points.
+    """
+    grid = np.logspace(np.log10(n_min), np.log10(n_max), 2000)
+    gap = var.loss(grid) - ref.loss(grid)
+    if gap[0] >= 0:
+        return float(n_min)
+    up = np.nonzero(gap >= 0)[0]
+    if not len(up):
+        return None
+    i = int(up[0])
+    u = -gap[i - 1] / (gap[i] - gap[i - 1])
+    return float(np.exp(np.log(grid[i - 1]) + u * (np.log(grid[i]) - np.log(grid[i - 1]))))
+
+
+def scaling_analysis(finals: pd.DataFrame, reference: str, *, n_boot: int = 200, rng: np.random.Generator | None = None,
+                     fixed_alpha: float | None = None) -> dict:
+    """Fits per variant vs N and vs FLOPs (or their refusals), and each variant's crossover.
+
+    finals: curves.run_finals output. Returns {"fixed_alpha": fixed_alpha, "fits": {variant:
+    {"n_scales": int, "N": {"fit": dict | None, "reason": str | None}, "flops": {...}}},
+    "crossover": {variant: {"n": float | None, "ci": [lo, hi] | None, "note": str,
+    "failed_draws": float | None}}}; fit dicts have E, A, alpha, x0, rmse, bound.
     """
     rng = rng or np.random.default_rng(0)
     f = finals[(finals["extend"] == 1.0) & finals["complete"]].copy()
     f["loss"] = np.log(f["final_ppl"])
-    fits, objs, boots = {}, {}, {}
+    fits: dict[str, dict[str, Any]] = {}
+    objs: dict[str, tuple[PowerLawFit | None, str | None]] = {}
     for variant, g in f.groupby("variant"):
-        fn = fit_power_law(g["n_params"].to_numpy(), g["loss"].to_numpy())
-        fc = fit_power_law(g["final_flops"].to_numpy(), g["loss"].to_numpy())
-        n_scales = int(g["scale"].nunique())
-        fits[variant] = {"N": None if fn is None else vars(fn), "flops": None if fc is None else vars(fc), "n_scales": n_scales}
-        objs[variant] = fn
-        if fn is not None and g.groupby("scale").size().max() > 1:
-            boots[variant] = bootstrap_fits(g[["scale", "n_params", "loss"]], "n_params", fn, n_boot, rng)
-    fade = {}
-    ref_fit = objs.get(reference)
-    for variant, fit in objs.items():
-        if variant == reference:
+        fits[variant] = {"n_scales": int(g["scale"].nunique())}
+        for axis, (col, label) in AXES.items():
+            fit, reason = fit_axis(g, col, label, fixed_alpha)
+            fits[variant][axis] = {"fit": None if fit is None else vars(fit), "reason": reason}
+            if axis == "N":
+                objs[variant] = (fit, reason)
+    cross = {}
+    for variant in objs:
+        if variant != reference and reference in objs:
+            cross[variant] = _crossover(f, variant, reference, objs, n_boot, rng, fixed_alpha)
+    return {"fixed_alpha": fixed_alpha, "fits": fits, "crossover": cross}
+
+
+def _crossover(f: pd.DataFrame, variant: str, reference: str, objs: dict, n_boot: int, rng: np.random.Generator,
+               fixed_alpha: float | None) -> dict:
+    """The crossover entry of one variant (see scaling_analysis)."""
+    out: dict = {"n": None, "ci": None, "note": "", "failed_draws": None}
+    both = f[f["variant"].isin([variant, reference]) & np.isfinite(f["n_params"])]
+    means = both.groupby(["scale", "variant"])[["n_params", "final_ppl"]].mean().unstack("variant").dropna()
+    if means.empty:
+        out["note"] = "no scale with N logged for both variants"
+        return out
+    first = means.sort_values(("n_params", reference)).iloc[0]
+    n_min, n_max = float(first[("n_params", reference)]), float(both["n_params"].max())
+    pv, pr = first[("final_ppl", variant)], first[("final_ppl", reference)]
+    if pv >= pr:
+        out["note"] = f"no advantage at the smallest measured scale (N = {n_min:.3g}: ppl {pv:.2f} vs {reference} {pr:.2f})"
+        return out
+    for who in (reference, variant):
+        if objs[who][0] is None:
+            out["note"] = f"no crossover prediction: the {who} fit vs N is refused: {objs[who][1]}"
+            return out
+    ref_fit, var_fit = objs[reference][0], objs[variant][0]
+    out["n"] = crossover_scale(ref_fit, var_fit, n_min, n_max * CROSSOVER_SPAN)
+    if out["n"] is None:
+        out["note"] = f"the fits do not cross up to {CROSSOVER_SPAN:g}x the largest measured N ({n_max * CROSSOVER_SPAN:.3g})"
+    draws, failed, note = _boot_crossovers(both, variant, reference, (ref_fit, var_fit), n_boot, rng, fixed_alpha,
+                                           (n_min, n_max * CROSSOVER_SPAN))
+    out["failed_draws"] = failed
+    if note:
+        out["note"] = "; ".join(filter(None, [out["note"], note]))
+    if len(draws) >= max(10, n_boot // 2):
+        lo, hi = np.quantile(draws, [0.025, 0.975], method="inverted_cdf")
+        out["ci"] = [float(lo), float(hi) if np.isfinite(hi) else None]  # None: beyond the searched span
+    return out
+
+
+def _boot_crossovers(both: pd.DataFrame, variant: str, reference: str, fits: tuple[PowerLawFit, PowerLawFit], n_boot: int,
+                     rng: np.random.Generator, fixed_alpha: float | None, span: tuple[float, float]) -> tuple[np.ndarray, float | None, str]:
+    """Crossover of n_boot seed resamples (inf where the refits do not cross within span).
+
+    Returns (crossovers of the draws whose two refits are accepted, fraction refused, note).
+    """
+    per_scale = []
+    paired = True
+    for _, g in both.groupby("scale"):
+        r = g[g["variant"] == reference].set_index("seed")
+        v = g[g["variant"] == variant].set_index("seed")
+        common = r.index.intersection(v.index)
+        paired &= len(common) == len(r) == len(v)
+        per_scale.append((r, v, common))
+    if min(min(len(r), len(v)) for r, v, _ in per_scale) < 2:
+        return np.array([]), None, "one seed per scale: no bootstrap interval"
+    out, refused = [], 0
+    for _ in range(n_boot):
+        pts: dict[str, list[pd.DataFrame]] = {reference: [], variant: []}
+        for r, v, common in per_scale:
+            if paired:
+                pick = common[rng.integers(0, len(common), len(common))]
+                rs, vs = r.loc[pick], v.loc[pick]
+            else:
+                rs, vs = r.iloc[rng.integers(0, len(r), len(r))], v.iloc[rng.integers(0, len(v), len(v))]
+            pts[reference].append(rs)
+            pts[variant].append(vs)
+        refit = [_refit(pd.concat(pts[w]), fit, fixed_alpha) for w, fit in ((reference, fits[0]), (variant, fits[1]))]
+        if refit[0] is None or refit[1] is None:
+            refused += 1
             continue
-        if fit is None or ref_fit is None:
-            fade[variant] = {"n": None, "ci": None, "note": "needs >= 3 scales of both variants for a fit"}
-            continue
-        n_min = float(f["n_params"].min())
-        n = fade_scale(ref_fit, fit, n_min)
-        entry = {"n": n, "ci": None, "note": "advantage stays >= 1% up to N = 1e16" if n is None else ""}
-        rb, vb = boots.get(reference, []), boots.get(variant, [])
-        if rb and vb:
-            vals = np.array([fade_scale(a, b, n_min) or np.inf for a, b in zip(rb, vb)])
-            # inf = "not below 1% within the grid"; it becomes None (shown as > 1e16) in the summary.
-            lo, hi = np.quantile(vals, [0.025, 0.975], method="inverted_cdf")
-            entry["ci"] = [float(lo) if np.isfinite(lo) else None, float(hi) if np.isfinite(hi) else None]
-        else:
-            entry["note"] = (entry["note"] + "; one seed per scale: no bootstrap interval").strip("; ")
-        fade[variant] = entry
-    return {"fits": fits, "fade": fade}
+        n = crossover_scale(refit[0], refit[1], *span)
+        out.append(np.inf if n is None else n)
+    note = "" if paired else "seeds do not pair at every scale: resampled independently"
+    return np.array(out), refused / n_boot, note
+
+
+def _refit(pts: pd.DataFrame, fit: PowerLawFit, fixed_alpha: float | None) -> PowerLawFit | None:
+    """One bootstrap refit from the full-data fit's start; None when refused (bound or no fit)."""
+    start = [(fit.alpha, min(fit.E / max(float(pts["loss"].min()), 1e-9), 0.99))]
+    f = fit_power_law(pts["n_params"].to_numpy(), pts["loss"].to_numpy(), alpha=fixed_alpha, starts=start)
+    return None if f is None or f.bound else f

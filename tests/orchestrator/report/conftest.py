@@ -20,6 +20,9 @@ MAIN = SyntheticStudy(
     rng_seed=7,
 )
 ONE_SEED = SyntheticStudy(study="one-seed", scales={"xs": 2e6}, seeds=(0,), n_eval=8)
+# Five scales: enough for a 3-parameter scaling law (three are refused).
+FIVE_SCALES = SyntheticStudy(study="five-scales", scales={"s1": 1e6, "s2": 3e6, "s3": 1e7, "s4": 3e7, "s5": 1e8},
+                             seeds=(0, 1), extend=(2.0,), n_eval=5)
 NO_EXTEND = SyntheticStudy(study="no-extend", scales={"xs": 2e6}, seeds=(0, 1), extend=(), n_eval=8)
 
 
@@ -27,7 +30,7 @@ NO_EXTEND = SyntheticStudy(study="no-extend", scales={"xs": 2e6}, seeds=(0, 1), 
 def store(tmp_path_factory):
     """sqlite tracking URI with every study above written through MLflow."""
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    for spec in (MAIN, ONE_SEED, NO_EXTEND, ALL_FAILED):
+    for spec in (MAIN, ONE_SEED, NO_EXTEND, ALL_FAILED, FIVE_SCALES):
         write_synthetic_study(spec, uri)
     return uri
 

@@ -2,6 +2,7 @@
 store by the command RESULTS.md gives, number for number."""
 
 import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from orchestrator.report import build_report
 ROOT = Path(__file__).resolve().parents[3]
 STORE = ROOT / "results" / "cpu-study-mlflow.db.gz"
 PUBLISHED = ROOT / "results" / "cpu-study"
-TABLES = ["final_ppl", "token_ratio", "seed_std", "cost", "attention"]
+TABLES = ["final_ppl", "paired", "token_ratio", "seed_std", "cost", "attention"]
 
 pytestmark = pytest.mark.skipif(not STORE.exists(), reason="no published cpu-study store")
 
@@ -22,7 +23,8 @@ def test_report_regenerates_from_the_published_store(tmp_path):
     db = tmp_path / "mlflow.db"
     with gzip.open(STORE, "rb") as src, db.open("wb") as dst:
         shutil.copyfileobj(src, dst)
-    build_report("cpu-study", f"sqlite:///{db}", tmp_path / "report", log_to_mlflow=False)
+    summary = build_report("cpu-study", f"sqlite:///{db}", tmp_path / "report", log_to_mlflow=False)
+    _no_unsupported_scaling_claims(summary, tmp_path / "report")
     corpora = sorted(p.name for p in PUBLISHED.iterdir() if p.is_dir())
     assert corpora == ["mixed", "stdlib"]
     for corpus in corpora:
@@ -41,3 +43,19 @@ def test_results_md_quotes_the_published_report():
         fp = pd.read_csv(PUBLISHED / corpus / "final_ppl.csv")
         for r in fp.itertuples():
             assert f"{r.mean_ppl:.2f} ± {r.std:.2f}" in text, (corpus, r.scale, r.variant)
+
+
+def _no_unsupported_scaling_claims(summary, out):
+    """3 scales whose loss rises with N support no scaling law and no crossover: every fit is
+    refused with both reasons, none is drawn, and no extrapolation is printed."""
+    for corpus in ("stdlib", "mixed"):
+        md = (out / corpus / "report.md").read_text()
+        assert "advantage stays" not in md and "falls below 1%" not in md and "overstates" not in md
+        assert "fit a=" not in md
+    parts = json.loads((out / "stdlib" / "summary.json").read_text())["scaling"]
+    for variant, fits in parts["fits"].items():
+        for axis in ("N", "flops"):
+            assert fits[axis]["fit"] is None, (variant, axis)
+            assert "needs at least 4 distinct scales" in fits[axis]["reason"] and "loss does not fall with" in fits[axis]["reason"]
+    assert all(c["n"] is None and c["note"].startswith("no advantage at the smallest measured scale")
+               for c in parts["crossover"].values())

@@ -33,10 +33,12 @@ def test_token_ratio_recovers_known_2_4_with_covering_interval(main_report):
         assert s["flop_ratio"] == pytest.approx(s["token_ratio"] / 1.0011, rel=1e-6)
         # synthetic coupled runs 1.1x slower per token: equal-ppl wall-clock ratio = ratio / 1.1
         assert s["wall_ratio"] == pytest.approx(s["token_ratio"] / 1.1, rel=0.01)
-        # the single-run estimate is labelled and biased high (unannealed intermediate checkpoints)
+        # the single-run estimate is labelled; on these synthetic runs it is high by construction
+        # (schedule_gap: intermediate points carry the not-yet-annealed LR), so it is no flag
         r = s["ratios"]["coupled"]
         assert "single-run curve estimate" in r["single_run_source"]
         assert r["single_run"]["value"] > s["token_ratio"]
+        assert r["single_run_flag"] is None and "overstates" not in r["single_run_source"]
 
 
 def test_target_beyond_extend_range_is_censored_not_extrapolated(main_report):
@@ -77,8 +79,10 @@ def test_outputs_written_and_summary_matches_file(main_report):
     # paper reference numbers are printed beside ours
     md = (out / "report.md").read_text()
     assert "24.22" in md and "22.55-22.62" in md and "0.31" in md
-    # scaling fits exist (3 scales) and the seed std of the noisy variant is the largest
-    assert summary["scaling"]["fits"]["coupled"]["N"]["alpha"] > 0
+    # 3 scales for the 3-parameter law: every fit is refused with its reason (test_scaling.py
+    # has the studies whose fits are made), and the seed std of the noisy variant is the largest
+    fit = summary["scaling"]["fits"]["coupled"]["N"]
+    assert fit["fit"] is None and "a fit needs at least 4 distinct scales" in fit["reason"]
     std = {(r["scale"], r["variant"]): r["std"] for r in summary["seed_std"]}
     assert std[("m", "uncoupled_mlp")] > std[("m", "coupled")]
 

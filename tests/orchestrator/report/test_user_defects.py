@@ -12,7 +12,7 @@ import pytest
 from orchestrator.report import ReportError, build_report, export_study
 from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
 
-from .conftest import MAIN, ONE_SEED
+from .conftest import FIVE_SCALES, MAIN, ONE_SEED
 
 # One variant only, and its single run failed half-way: no finished run anywhere.
 ONLY_FAILED = SyntheticStudy(
@@ -186,7 +186,7 @@ def test_scaling_text_without_fit_does_not_contradict_itself(store, tmp_path):
     build_report(ONE_SEED.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
     md = (tmp_path / "r" / "report.md").read_text()
     assert "falls below 1% at N" not in md and "not below 1% up to" not in md
-    assert "needs >= 3 scales" in md
+    assert "a fit needs at least 4 distinct scales" in md
 
 
 def _drawn_figures(monkeypatch) -> dict:
@@ -229,7 +229,9 @@ def test_scaling_title_mentions_fits_only_when_drawn(store, tmp_path, monkeypatc
     seen = _drawn_figures(monkeypatch)
     build_report(ONE_SEED.study, store, tmp_path / "one", log_to_mlflow=False, n_boot=10)  # 1 scale: no fit
     assert seen["scaling.png"]["titles"] and not any("fit" in t for t in seen["scaling.png"]["titles"])
-    build_report(MAIN.study, store, tmp_path / "main", log_to_mlflow=False, n_boot=20)  # 3 scales: fits drawn
+    build_report(MAIN.study, store, tmp_path / "main", log_to_mlflow=False, n_boot=20)  # 3 scales: fits refused
+    assert not any("fit" in t for t in seen["scaling.png"]["titles"])
+    build_report(FIVE_SCALES.study, store, tmp_path / "five", log_to_mlflow=False, n_boot=20)  # 5 scales: fits drawn
     assert any("fit" in t for t in seen["scaling.png"]["titles"])
     # 6. No figure has overlapping labels (log-axis minor tick labels, y label vs tick labels).
     assert {k: v["overlaps"] for k, v in seen.items() if v["overlaps"]} == {}

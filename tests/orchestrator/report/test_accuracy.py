@@ -1,0 +1,55 @@
+"""MQAR accuracy (`val/accuracy`, `final/val_accuracy`) is reported per variant, mean ± std over seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from orchestrator.report import build_report
+from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
+
+MQAR = SyntheticStudy(study="mqar-acc", variants={"standard": 1.0, "coupled": 1.5}, scales={"xs": 2e6, "s": 8e6},
+                      seeds=(0, 1, 2), extend=(2.0,), n_eval=6, accuracy={"standard": 0.62, "coupled": 0.97},
+                      accuracy_noise=0.01, corpus="mqar")
+
+
+@pytest.fixture(scope="module")
+def mqar_report(store, tmp_path_factory):
+    write_synthetic_study(MQAR, store)
+    out = tmp_path_factory.mktemp("mqar") / "r"
+    return build_report(MQAR.study, store, out, log_to_mlflow=False, n_boot=20), out
+
+
+def _logged(store) -> pd.DataFrame:
+    """final/val_accuracy of every x1 run, read back through the MLflow client."""
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name(MQAR.study)
+    rows = [{"scale": r.data.tags["scale"], "variant": r.data.tags["variant"], "acc": r.data.metrics["final/val_accuracy"]}
+            for r in client.search_runs([exp.experiment_id]) if r.data.tags["extend"] == "1"]
+    return pd.DataFrame(rows)
+
+
+def test_accuracy_table_is_the_seed_mean_and_std_of_the_logged_finals(mqar_report, store):
+    summary, out = mqar_report
+    table = pd.read_csv(out / "accuracy.csv")
+    truth = _logged(store).groupby(["scale", "variant"])["acc"].agg(["mean", "std", "size"])
+    assert len(table) == 4 and list(table["variant"].drop_duplicates()) == ["standard", "coupled"]  # reference first
+    for r in table.itertuples():
+        t = truth.loc[(r.scale, r.variant)]
+        assert r.mean == pytest.approx(t["mean"], abs=1e-12) and r.std == pytest.approx(t["std"], abs=1e-12) and r.n_seeds == 3
+        assert r.mean == pytest.approx(MQAR.accuracy[r.variant], abs=0.03)  # 3 seeds of noise 0.01
+    md = (out / "report.md").read_text()
+    section = md.split("## MQAR accuracy")[1].split("## ")[0]
+    c = truth.loc[("xs", "coupled")]
+    assert f"{c['mean']:.3f} ± {c['std']:.3f}" in section
+    assert "accuracy.csv" in summary["tables"]
+
+
+def test_studies_without_accuracy_have_no_accuracy_section(main_report):
+    summary, out = main_report
+    assert "## MQAR accuracy" not in (out / "report.md").read_text()
+    assert not (out / "accuracy.csv").exists() and "accuracy.csv" not in summary["tables"]
+    runs = pd.read_csv(out / "runs.csv")
+    assert np.isnan(runs["final_accuracy"]).all()
