@@ -10,6 +10,8 @@ median of several repeats of ``parse_spec`` + ``plan`` in one process, after one
 ``--training`` also times cpu-s training through the whole stack with 1 and 2 workers;
 ``--startup`` times a study of tiny runs with one Ray Train worker group per run against one
 group for all of them (``resources.runs_per_trainer``): the per-run start-up cost.
+``--cli`` times ``qkstudy`` commands as a user runs them, one fresh process each
+(`bench_cli`): what a researcher waits for before a command answers.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import datetime as dt
 import functools
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,6 +136,84 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
     return rows
 
 
+HEAVY = ("torch", "mlflow", "ray", "pandas", "scipy", "pyarrow", "matplotlib", "deepspeed", "sentencepiece")
+"""Modules whose import costs seconds (torch, mlflow) or a large share of one."""
+
+_PROBE = ("import runpy, sys\n"
+          "sys.argv = ['qkstudy', *sys.argv[1:]]\n"
+          "try:\n    runpy.run_module('orchestrator.cli', run_name='__main__')\n"
+          "except SystemExit as e:\n    code = e.code or 0\nelse:\n    code = 0\n"
+          "heavy = {heavy!r}\n"
+          "print('\\nHEAVY=' + ','.join(m for m in heavy if m in sys.modules), file=sys.stderr)\n"
+          "sys.exit(code)\n")
+
+
+def cli_heavy_modules(args: list[str], cwd: str | Path | None = None, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    """(exit code, modules of `HEAVY` loaded) when ``qkstudy ARGS`` runs in a fresh interpreter.
+
+    The command runs as ``python -m orchestrator.cli`` would (``runpy``), then the interpreter
+    reports which heavy modules it imported: what a command pays for before it answers.
+    """
+    res = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=HEAVY), *args], capture_output=True, text=True,
+                         cwd=cwd, env=env)
+    line = [x for x in res.stderr.splitlines() if x.startswith("HEAVY=")]
+    if not line:
+        raise RuntimeError(f"qkstudy {' '.join(args)} did not report its modules: {res.stderr[-2000:]}")
+    return res.returncode, [m for m in line[-1].removeprefix("HEAVY=").split(",") if m]
+
+
+def _cli_commands(tmp: Path) -> list[tuple[str, list[str]]]:
+    """The commands `bench_cli` times, and a tracking store with one queued run for ``status``."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.plan.spec import load_spec
+    from orchestrator.track.tracking import create_run, default_tracking_uri, ensure_experiment
+
+    spec = "jobs/cpu-demo.yaml"
+    study = load_spec(spec)
+    store = default_tracking_uri(tmp / "store")
+    client = MlflowClient(store)
+    create_run(client, ensure_experiment(client, study.name), plan(study)[0])
+    return [("validate", ["validate", spec]), ("plan", ["plan", spec]),
+            ("status, no store yet", ["status", spec, "--tracking-uri", default_tracking_uri(tmp / "none")]),
+            ("status, a store", ["status", study.name, "--tracking-uri", store]),
+            ("data prepare, cached", ["data", "prepare", "--source", "stdlib", "--vocab-size", "2048"])]
+
+
+def bench_cli(repeats: int = 5) -> list[dict]:
+    """Wall-clock seconds of ``qkstudy`` commands, each in a fresh interpreter
+    (``python -m orchestrator.cli``), ``repeats`` times after one untimed run (which also
+    prepares the cached corpus): median, min and max, and the heavy modules each loaded
+    (`cli_heavy_modules`). Commands: validate and plan of jobs/cpu-demo.yaml, status of it
+    before any store exists and of a store holding one run, a cached ``data prepare``."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="qkstudy-bench-cli-") as tmp:
+        for label, args in _cli_commands(Path(tmp)):
+            cmd = [sys.executable, "-m", "orchestrator.cli", *args]
+            subprocess.run(cmd, capture_output=True, check=True)  # warm-up: page cache, prepared corpus
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                subprocess.run(cmd, capture_output=True, check=True)
+                times.append(time.perf_counter() - t0)
+            rows.append({"command": label, "args": " ".join(args).replace(tmp, "<tmp>"), "median_s": statistics.median(times),
+                         "min_s": min(times), "max_s": max(times), "heavy": cli_heavy_modules(args)[1],
+                         "load": os.getloadavg()[0]})
+    return rows
+
+
+def _cli_rows(rows: list[dict], repeats: int) -> str:
+    """The BENCHMARKS.md section of `bench_cli`'s rows."""
+    from model.bench import machine_description
+
+    head = (f"\n## CLI latency: one fresh process per command (goal < 1.5 s; `model info` exempt)\n\n"
+            f"{dt.date.today().isoformat()} - {machine_description()} - `python -m orchestrator.bench --cli "
+            f"--repeats {repeats}`\n\n| command | median s | min s | max s | load avg | heavy modules imported |\n"
+            "|---|---:|---:|---:|---:|---|\n")
+    return head + "".join(f"| `qkstudy {r['args']}` | {r['median_s']:.2f} | {r['min_s']:.2f} | {r['max_s']:.2f} | "
+                          f"{r['load']:.1f} | {', '.join(r['heavy']) or '-'} |\n" for r in rows)
+
+
 def _append(out: Path, text: str) -> None:
     old = out.read_text() if out.exists() else "# Benchmarks\n"
     tmp = out.with_suffix(".md.tmp")
@@ -144,10 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--training", action="store_true", help="also time cpu-s training with 1 and 2 workers")
     ap.add_argument("--startup", action="store_true", help="also time per-run start-up, one worker group per run vs one for all")
+    ap.add_argument("--cli", action="store_true", help="only time qkstudy commands, one fresh process each")
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = ap.parse_args(argv)
     from model.bench import machine_description
 
+    if args.cli:
+        row = _cli_rows(bench_cli(args.repeats), args.repeats)
+        print(row)
+        _append(args.out, row)
+        return 0
     n, secs = bench(args.repeats)
     row = (f"\n## Planner: validate + plan a {n}-run study (64-GPU cluster declared)\n\n"
            f"{dt.date.today().isoformat()} - {machine_description()} - `python -m orchestrator.bench --repeats {args.repeats}`\n\n"

@@ -6,6 +6,11 @@ first; any input error (bad spec, bad data source, bad address, unknown study) p
 line per problem to stderr and exits with code 2 before Ray starts or MLflow is touched
 (``_input_errors`` is the one place that maps them). Every URI printed, error messages
 included, goes through ``orchestrator.track.tracking.redact_uri``.
+
+A command imports what it needs when it runs, nothing at module level: ``qkstudy validate``
+should answer at once, and torch, MLflow, Ray and pandas each take a second or several to
+import (``python -m orchestrator.bench --cli`` measures the commands; ``test_cli_imports``
+checks which heavy modules the light ones load).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+from orchestrator.cli_weights import register as register_weight_commands
 
 # MLflow announces every new SQLite store at INFO; the CLI prints what matters itself.
 logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -52,27 +59,36 @@ def _print_error(message: str) -> None:
         err.print(f"[red]error[/]: {escape(redact_uri(line))}", highlight=False, soft_wrap=True)
 
 
+# The product's input errors (exit code 2), each named by the module that defines it.
+INPUT_ERRORS = (("orchestrator.plan.specfile", "SpecError"), ("orchestrator.plan.planner", "PlanError"),
+                ("data_pipeline.errors", "DataError"), ("orchestrator.plan.inputs", "CorpusError"),
+                ("orchestrator.run.submit", "AddressError"), ("orchestrator.track.status", "StudyNotFound"),
+                ("orchestrator.report.errors", "ReportError"), ("orchestrator.track.lease", "LeaseHeld"),
+                ("orchestrator.run.final_weights", "FinalWeightsError"))
+
+
+def _loaded_input_errors() -> tuple[type[Exception], ...]:
+    """The `INPUT_ERRORS` classes of the modules imported so far: an error of a module that
+    never ran cannot have been raised, and importing the module only to name its error would
+    import Ray, MLflow or torch with it."""
+    return tuple(getattr(sys.modules[m], name) for m, name in INPUT_ERRORS if m in sys.modules)
+
+
 def _input_errors(fn):
     """Turn the product's input errors into a clear message and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from data_pipeline import DataError
-        from orchestrator.plan.planner import PlanError
-        from orchestrator.plan.spec import SpecError
-        from orchestrator.report.errors import ReportError
-        from orchestrator.run.data import CorpusError
-        from orchestrator.run.submit import AddressError
-        from orchestrator.track.status import StudyNotFound
-
         try:
             return fn(*args, **kwargs)
-        except (SpecError, PlanError, DataError, CorpusError, AddressError, StudyNotFound, ReportError) as e:
-            _print_error(str(e))
-            raise typer.Exit(EXIT_INPUT) from None
         except ConnectionError as e:  # a cluster or tracking server that does not answer
             _print_error(str(e))
             raise typer.Exit(EXIT_FAILED) from None
+        except Exception as e:
+            if not isinstance(e, _loaded_input_errors()):
+                raise
+            _print_error(str(e))
+            raise typer.Exit(EXIT_INPUT) from None
 
     return wrapper
 
@@ -84,22 +100,17 @@ def _load(spec: Path):
 
 
 def _planned(study):
-    """The study's runs, planned with its throughput table (declared or calibrated)."""
-    from orchestrator.plan.planner import plan
-    from orchestrator.plan.throughput import throughput_table
+    """The study's runs (``orchestrator.plan.inputs.plan_here``), warning of unreadable corpora."""
+    from orchestrator.plan.inputs import plan_here
 
-    return plan(study, throughput_table(study))
+    return plan_here(study, warn=lambda w: err.print(f"[yellow]warning[/]: {escape(w)}"))
 
 
 def _study_uri(study: str, tracking_uri: str | None) -> tuple[str, str]:
-    """(study name, tracking URI) from a spec path or a study name."""
-    from orchestrator.track.tracking import named_study_uri, study_tracking_uri
+    """(study name, tracking URI) from a spec path or a study name (``track.status.study_uri``)."""
+    from orchestrator.track.status import study_uri
 
-    p = Path(study)
-    if p.suffix in (".yaml", ".yml") or p.is_file():
-        s = _load(p)
-        return s.name, tracking_uri or study_tracking_uri(s)
-    return study, named_study_uri(study, tracking_uri)
+    return study_uri(study, tracking_uri)
 
 
 @app.command()
@@ -126,68 +137,65 @@ def schema() -> None:
 @_input_errors
 def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
              as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list."),
-             write_runs: Path | None = typer.Option(None, "--write-runs", help="Also write each run as DIR/<run_id>.yaml (for `qkstudy train`).")) -> None:
+             write_runs: Path | None = typer.Option(None, "--write-runs", help="Also write each run as DIR/<run_id>.yaml (for `qkstudy train`)."),
+             seed_sd: float | None = typer.Option(None, "--seed-sd", min=0, help="Declared std of an arm's final loss across seeds (nats): print the smallest gap the study detects."),
+             gap: float | None = typer.Option(None, "--gap", min=0, help="With --seed-sd: also print the seeds needed to detect this gap (nats).")) -> None:
     """Print the compute-matched runs of a study before anything runs."""
+    from orchestrator.cli_files import write_run_files
+    from orchestrator.cli_tables import plan_rows, plan_table, power_text
     from orchestrator.plan.throughput import throughput_table
 
     s = _load(spec)
     runs = _planned(s)
     if write_runs:
-        _write_runs(write_runs, runs)
+        write_run_files(write_runs, runs)
+    power = power_text(len(s.seeds), seed_sd, gap) if seed_sd is not None else ""
     if as_json:
-        rows = [{"run_id": r.run_id, "variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend,
-                 "n_params": r.n_params, "n_params_total": r.n_params_total, "flops_per_token": r.flops_per_token,
-                 "tokens": r.tokens, "steps": r.steps, "total_flops": r.total_flops} for r in runs]
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(plan_rows(runs), indent=2))
+        if power:  # stdout stays one JSON document
+            err.print(power, highlight=False)
         return
-    from orchestrator.cli_tables import plan_table
-
     for part in plan_table(s, runs, throughput_table(s) or {}):
         out.print(part)
+    if s.tune is not None:  # tuning compute shown apart from the main budget
+        from orchestrator.plan.tune_plan import tuning_summary
 
-
-def _write_runs(folder: Path, runs) -> None:
-    """Each run as ``folder/<run_id>.yaml`` (temp file, then rename)."""
-    import yaml
-
-    from orchestrator.plan.spec import SpecError
-
-    if folder.exists() and not folder.is_dir():
-        raise SpecError(folder, [("", "--write-runs needs a folder, and this is a file")])
-    folder.mkdir(parents=True, exist_ok=True)
-    for r in runs:
-        tmp = folder / f".{r.run_id}.yaml.tmp"
-        tmp.write_text(yaml.safe_dump(r.model_dump(mode="json"), sort_keys=False))
-        tmp.rename(folder / f"{r.run_id}.yaml")
+        out.print(tuning_summary(s, runs))
+    if power:
+        out.print(power, highlight=False)
 
 
 @app.command()
 @_input_errors
 def calibrate(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
               address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
-              repeats: int = typer.Option(3, help="Timed repeats per variant (median).")) -> None:
+              repeats: int = typer.Option(7, help="Timed repeats per (scale, variant), interleaved (median)."),
+              max_spread: float = typer.Option(0.05, help="Largest (max - min) / median of an entry's repeats."),
+              allow_noisy: bool = typer.Option(False, "--allow-noisy", help="Warn, not refuse, when noisy or loaded.")) -> None:
     """Measure tokens/s of every (scale, variant) on the study's hardware (for wallclock budgets)."""
     from orchestrator.cli_tables import calibration_table
-    from orchestrator.plan.throughput import save_calibration
-    from orchestrator.run.calibrate import calibrate as measure
+    from orchestrator.run import calibrate as measure
     from orchestrator.run.runner import init_ray
 
     s = _load(spec)
     init_ray(address)
-    with err.status("timing optimizer steps of every variant (Ray task per scale)"):
-        table = measure(s, repeats=repeats)
-    path = save_calibration(s, table)
-    out.print(calibration_table(s, table))
-    err.print(f"wrote {path}")
+    with err.status("timing optimizer steps of every (scale, variant), interleaved (one Ray task)"):
+        cal = measure.calibrate(s, repeats=repeats)
+    measure.judge(cal, max_spread, allow_noisy, warn=lambda p: err.print(f"[yellow]warning[/]: {escape(p)}"))
+    path = cal.save(s)
+    out.print(calibration_table(s, cal.table))
+    err.print(f"wrote {path} ({cal.summary()})")
 
 
 @app.command()
 @_input_errors
 def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
         address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs.")) -> None:
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs."),
+        wait: bool = typer.Option(False, "--wait", help="If another driver runs this study, wait for it to end, then train what is left.")) -> None:
     """Run a study: train every planned run not already finished in MLflow."""
-    from orchestrator.plan.spec import SpecError, check_local_corpus_paths
+    from orchestrator.plan.paths import check_local_corpus_paths
+    from orchestrator.plan.spec import SpecError
     from orchestrator.run.data import CorpusError
     from orchestrator.run.runner import run_study
     from orchestrator.track.tracking import redact_uri, study_tracking_uri
@@ -195,7 +203,7 @@ def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
     s = _load(spec)
     check_local_corpus_paths(s, spec)
     try:
-        res = run_study(s, address=address, console=err, verbose=verbose)
+        res = run_study(s, address=address, console=err, verbose=verbose, wait=wait)
     except CorpusError as e:  # the spec's field is the one to fix
         raise SpecError(spec, [(f"corpora.{e.corpus_name}" if s.corpora else "corpus", str(e))]) from None
     counts = Counter(res.status.values())
@@ -213,11 +221,12 @@ def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written 
           address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
           verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
     """Train one run, for debugging, on the same code path as `qkstudy run`."""
+    from orchestrator.cli_files import load_run_file
     from orchestrator.plan.spec import default_workdir
     from orchestrator.run.runner import run_runs
     from orchestrator.track.tracking import default_tracking_uri
 
-    run_spec = _load_run(run_file)
+    run_spec = load_run_file(run_file)
     work = default_workdir(run_spec.study)
     res = run_runs([run_spec], run_spec.study, tracking_uri or default_tracking_uri(work), storage_path or str(work / "ray"),
                    address=address, console=err, verbose=verbose)
@@ -225,27 +234,6 @@ def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written 
     err.print(f"{run_spec.run_name}: {st} {res.reasons.get(run_spec.run_id, '')}")
     if not res.ok:
         raise typer.Exit(EXIT_FAILED)
-
-
-def _load_run(run_file: Path):
-    """The RunSpec in a file written by ``plan --write-runs``; SpecError naming the file."""
-    import yaml
-    from pydantic import ValidationError
-
-    from orchestrator.plan.planner import RunSpec
-    from orchestrator.plan.spec import SpecError
-
-    if not run_file.is_file():
-        raise SpecError(run_file, [("", "no such file")])
-    data = None
-    try:
-        data = yaml.safe_load(run_file.read_text())
-        return RunSpec.model_validate(data)
-    except (yaml.YAMLError, ValidationError) as e:
-        if isinstance(data, dict) and {"scales", "variants"} <= set(data):
-            raise SpecError(run_file, [("", "this is a study spec, not a run: use `qkstudy run SPEC`, or write "
-                                            "its runs with `qkstudy plan SPEC --write-runs DIR` and train one")]) from None
-        raise SpecError(run_file, [("", f"not a run spec written by `qkstudy plan --write-runs`: {e}")]) from None
 
 
 @app.command()
@@ -316,7 +304,7 @@ def status(study: str = typer.Argument(..., help="Study name or spec path."),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Each run's state from MLflow (and the study's Ray jobs with --address)."""
     from orchestrator.cli_tables import status_table
-    from orchestrator.track.status import study_status
+    from orchestrator.track.status import study_lease_line, study_status
 
     name, uri = _study_uri(study, tracking_uri)
     planned = _load(Path(study)) if Path(study).is_file() else None
@@ -327,9 +315,9 @@ def status(study: str = typer.Argument(..., help="Study name or spec path."),
 
         jobs = study_jobs(address, name, allow_insecure=allow_insecure)
     if as_json:
-        print(json.dumps({"runs": rows, "jobs": jobs}, indent=2, default=str))
+        print(json.dumps({"runs": rows, "jobs": jobs, "study_lease": study_lease_line(name, planned)}, indent=2, default=str))
         return
-    out.print(status_table(name, uri, rows))
+    out.print(status_table(name, uri, rows, study_lease_line(name, planned)))
     for j in jobs:
         out.print(f"ray job {j['job_id']}: {j['status']} {j['message'] or ''}")
 
@@ -394,6 +382,8 @@ def model_info_cmd(preset: str = typer.Option(..., help="Scale preset, e.g. cpu-
         for k, v in info.items():
             out.print(f"{k:28s} {v:,}" if isinstance(v, int) else f"{k:28s} {v}")
 
+
+register_weight_commands(app, _input_errors)  # qkstudy eval, qkstudy sample
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

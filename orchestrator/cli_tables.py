@@ -1,7 +1,9 @@
 """The tables ``qkstudy`` prints (rich), kept apart from the command wiring in ``cli.py``.
 
 Each function takes what a stage returned and gives back something ``Console.print`` shows;
-none of them computes a number (device-hours come from ``orchestrator.plan.throughput``).
+none of them computes a number (device-hours come from ``orchestrator.plan.throughput``, the
+power statement from ``orchestrator.report.power``). Stages are imported where a table needs
+them: ``qkstudy plan`` must not pay for MLflow, nor ``qkstudy status`` for scipy.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from typing import Any
 from rich.table import Table
 
 from orchestrator.plan.throughput import ThroughputTable, device_hours
-from orchestrator.track.tracking import redact_uri
 
 
 def plan_table(study: Any, runs: list[Any], throughput: ThroughputTable) -> tuple[Table, str]:
@@ -45,13 +46,49 @@ def calibration_table(study: Any, table: ThroughputTable) -> Table:
     return t
 
 
-def status_table(name: str, uri: str, rows: list[dict[str, Any]]) -> Table:
-    """``study_status`` rows, under a title naming the (redacted) tracking URI."""
-    t = Table(title=f"{name}: {len(rows)} runs ({redact_uri(uri)})")
-    for c in ("run", "run_id", "status", "tokens", "planned", "val ppl", "note"):
+def status_table(name: str, uri: str, rows: list[dict[str, Any]], lease: str = "") -> Table:
+    """``study_status`` rows, under a title naming the (redacted) tracking URI and ``lease``
+    (``study_lease_line``); a run's lease holder is in its ``lease`` column."""
+    from orchestrator.track.tracking import redact_uri
+
+    t = Table(title=f"{name}: {len(rows)} runs ({redact_uri(uri)})" + (f"\n{lease}" if lease else ""))
+    for c in ("run", "run_id", "status", "tokens", "planned", "val ppl", "lease", "note"):
         t.add_column(c)
     for r in rows:
         t.add_row(r["run_name"], r["run_id"], r["status"], f"{r['tokens']:,}" if r["tokens"] is not None else "-",
                   f"{r['planned_tokens']:,}" if r["planned_tokens"] else "-",
-                  f"{r['val_ppl']:.2f}" if r["val_ppl"] is not None else "-", r["note"])
+                  f"{r['val_ppl']:.2f}" if r["val_ppl"] is not None else "-", r.get("lease", ""), r["note"])
     return t
+
+
+def plan_rows(runs: list[Any]) -> list[dict[str, Any]]:
+    """``qkstudy plan --json``: one mapping per run (ids, counts, budget)."""
+    return [{"run_id": r.run_id, "variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend,
+             "n_params": r.n_params, "n_params_total": r.n_params_total, "flops_per_token": r.flops_per_token,
+             "tokens": r.tokens, "steps": r.steps, "total_flops": r.total_flops, "data_hash": r.data_hash}
+            for r in runs]
+
+
+def power_text(n_seeds: int, seed_sd: float, gap: float | None = None) -> str:
+    """What a study of ``n_seeds`` seeds can resolve, given a declared spread ``seed_sd`` (std of
+    one arm's final loss across seeds, nats): the smallest gap its seed-paired t-test detects
+    at 80% power (``orchestrator.report.power.plan_power``, two-sided 5%), and with ``gap``
+    the seeds needed to detect that gap. The sd of the paired differences is seed_sd x sqrt 2
+    (``diff_sd``: the arms' finals taken as uncorrelated across seeds; pairing by seed can only
+    make it smaller, so the figures are conservative)."""
+    from orchestrator.report.power import ALPHA, POWER, diff_sd, plan_power, seeds_needed
+
+    sd = diff_sd(seed_sd)
+    seeds = f"{n_seeds} seed{'' if n_seeds == 1 else 's'}"
+    head = f"with {seeds} and seed std {seed_sd:g} nats, "
+    if n_seeds < 2:
+        text = head + "no gap is detectable: a seed-paired test needs at least 2 seeds"
+    else:
+        est = plan_power(n_seeds, sd)
+        text = (head + f"the smallest gap detectable at {POWER:.0%} power is {est.mde:.3g} nats (seed-paired t-test, "
+                f"{ALPHA:.0%} two-sided; sd of the paired differences {sd:.3g} nats = seed std x sqrt 2)")
+    if gap is not None:
+        need = seeds_needed(gap, sd)
+        text += (f"; a gap of {gap:g} nats needs {need} seeds" if need is not None
+                 else f"; a gap of {gap:g} nats is not detectable with any number of seeds")
+    return text

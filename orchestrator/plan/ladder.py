@@ -57,6 +57,18 @@ class FieldError(ValueError):
         return self.loc, self.message
 
 
+def check_scale_name(name: str) -> str:
+    """``name`` if it may name a custom scale (letters, digits, ``_.-``, at most 64, starting
+    alphanumeric; not a preset's name); ValueError saying why not."""
+    from model import PRESETS
+
+    if not _NAME_RE.match(name):
+        raise ValueError(f"scale name {name!r}: use letters, digits, '_', '.', '-' (at most 64), starting alphanumeric")
+    if name in PRESETS:
+        raise ValueError(f"{name!r} is a preset's name; give the custom scale a name of its own")
+    return name
+
+
 def whole_steps(tokens: float, tokens_per_step: int, loc: Loc) -> int:
     """Optimizer steps of a token budget: round(tokens / tokens_per_step) (the planner's rounding).
 
@@ -113,13 +125,7 @@ class ScaleShape(BaseModel):
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
-        from model import PRESETS
-
-        if not _NAME_RE.match(v):
-            raise ValueError("scale names use letters, digits, '_', '.', '-' (at most 64), starting alphanumeric")
-        if v in PRESETS:
-            raise ValueError(f"{v!r} is a preset's name; give the custom shape a name of its own")
-        return v
+        return check_scale_name(v)
 
     @field_validator("n_head")
     @classmethod
@@ -213,6 +219,11 @@ class LadderSpec(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("targets repeat")
         return v
+
+    @field_validator("names")
+    @classmethod
+    def _names_ok(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else [check_scale_name(n) for n in v]
 
     @model_validator(mode="after")
     def _names_match(self) -> LadderSpec:

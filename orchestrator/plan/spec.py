@@ -15,14 +15,28 @@ import re
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from data_pipeline import CorpusConfig, TokenizerConfig
 from orchestrator.plan import recipe
-from orchestrator.plan.specfile import Layer, Loc, SpecError, loc_str, merge_layers, origin, read_layers, validation_problems
+from orchestrator.plan.branches import Protocol, protocol_problems
+from orchestrator.plan.ladder import LadderRung, ScaleShape
+from orchestrator.plan.scales import LadderScale, ScaleEntry, dispatch_entries, resolve_scales
+from orchestrator.plan.specfile import (
+    Layer,
+    Loc,
+    SpecError,
+    loc_str,
+    merge_layers,
+    origin,
+    raise_problems,
+    read_layers,
+    validation_problems,
+)
+from orchestrator.plan.tuning import TuneSpec
 
-__all__ = ["SpecError", "Study", "VariantSpec", "BudgetSpec", "TrainSpec", "EvalSpec", "ResourcesSpec",
-           "default_workdir", "parse_spec", "load_spec", "check_local_corpus_paths"]
+__all__ = ["SpecError", "Study", "VariantSpec", "BudgetSpec", "TrainSpec", "EvalSpec", "ResourcesSpec", "ScaleShape",
+           "LadderScale", "TuneSpec", "default_workdir", "parse_spec", "load_spec"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WORKDIR_ROOT = Path("runs")
@@ -67,10 +81,15 @@ class VariantSpec(_Strict):
     @model_validator(mode="after")
     def _kind_known(self) -> VariantSpec:
         from model import VARIANTS
+        from model.registry import resolve_options
 
         if self.model_variant not in VARIANTS:
             field = "kind" if self.kind else "name"
             raise ValueError(f"{field}: unknown variant {self.model_variant!r}; allowed: {', '.join(VARIANTS)}")
+        try:  # options do not depend on the scale: checked here, before anything counts parameters with them
+            resolve_options(self.model_variant, self.options)
+        except ValueError as e:
+            raise_problems("VariantSpec", [(("options",), str(e))])
         return self
 
 
@@ -88,7 +107,7 @@ class BudgetSpec(_Strict):
 
     mode: Literal["tokens", "flops", "wallclock"] = "flops"
     tokens: int | dict[str, int] | None = None
-    tokens_per_param: float | None = None
+    tokens_per_param: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     throughput: dict[str, float] | None = None
 
     @model_validator(mode="after")
@@ -99,8 +118,6 @@ class BudgetSpec(_Strict):
         for n in sizes:
             if n is not None and n <= 0:
                 raise ValueError(f"budget tokens must be positive, got {n}")
-        if self.tokens_per_param is not None and not self.tokens_per_param > 0:
-            raise ValueError(f"budget.tokens_per_param must be positive, got {self.tokens_per_param}")
         for k, v in (self.throughput or {}).items():
             if not v > 0:
                 raise ValueError(f"budget.throughput[{k}] must be positive tokens/s, got {v}")
@@ -162,7 +179,17 @@ class ResourcesSpec(_Strict):
 
 
 class Study(_Strict):
-    """A whole study: every field of a ``jobs/*.yaml`` file."""
+    """A whole study: every field of a ``jobs/*.yaml`` file.
+
+    ``scales:`` entries are preset names, inline shapes or ladders (``orchestrator.plan.scales``);
+    after validation ``scales`` is the list of scale names (presets, shapes and ladder rungs,
+    in spec order), ``scale_shapes`` maps each custom scale's name to its ``ScaleShape`` (a
+    name not in it is a preset), ``ladder_rungs`` each rung's target N and exact N. The
+    entries as written are ``scale_entries``. ``protocol``: ``independent`` (every reference
+    budget trained from scratch) or ``branches`` (cooldowns of one WSD trunk,
+    ``orchestrator.plan.branches``). ``tune``: a per-(variant, scale) LR grid
+    (``orchestrator.plan.tuning``); it replaces every fixed peak LR.
+    """
 
     name: str
     description: str = ""
@@ -170,7 +197,10 @@ class Study(_Strict):
     corpus: CorpusConfig | None = None
     corpora: dict[str, CorpusConfig] | None = None
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    scales: list[str] = Field(min_length=1)
+    scale_entries: list[ScaleEntry] = Field(
+        alias="scales", min_length=1,
+        description="Preset names, inline shapes {name, n_layer, d_model, n_head, seq_len?, lr?, global_batch?} "
+                    "and ladders {ladder: {targets, head_dim, aspect_ratio, ...}}.")
     variants: list[VariantSpec] = Field(min_length=1)
     reference: str = "standard"
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
@@ -179,9 +209,14 @@ class Study(_Strict):
     train: TrainSpec = Field(default_factory=TrainSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    protocol: Protocol = "independent"
+    tune: TuneSpec | None = None
     workdir: str | None = None
     tracking_uri: str | None = None
     storage_path: str | None = None
+    _scales: list[str] = PrivateAttr(default_factory=list)
+    _shapes: dict[str, ScaleShape] = PrivateAttr(default_factory=dict)
+    _rungs: dict[str, LadderRung] = PrivateAttr(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -198,17 +233,10 @@ class Study(_Strict):
             return [{"name": x} if isinstance(x, str) else x for x in v]
         return v
 
-    @field_validator("scales")
+    @field_validator("scale_entries", mode="before")
     @classmethod
-    def _scales_known(cls, v: list[str]) -> list[str]:
-        from model import PRESETS
-
-        for s in v:
-            if s not in PRESETS or s not in recipe.RECIPES:
-                raise ValueError(f"unknown scale {s!r}; allowed: {', '.join(p for p in PRESETS if p in recipe.RECIPES)}")
-        if len(set(v)) != len(v):
-            raise ValueError("scales repeat")
-        return v
+    def _dispatch_scales(cls, v: Any) -> Any:
+        return dispatch_entries(v)
 
     @field_validator("seeds")
     @classmethod
@@ -233,6 +261,44 @@ class Study(_Strict):
             return dict(self.corpora)
         c = self.corpus or CorpusConfig()
         return {c.source: c}
+
+    @property
+    def scales(self) -> list[str]:
+        """Scale names in spec order: presets, inline shapes, ladder rungs."""
+        return list(self._scales)
+
+    @property
+    def scale_shapes(self) -> dict[str, ScaleShape]:
+        """Custom scales (inline shapes and ladder rungs) by name; presets are not in it."""
+        return dict(self._shapes)
+
+    @property
+    def ladder_rungs(self) -> dict[str, LadderRung]:
+        """Ladder rungs by scale name: target N, the shape's exact N and its relative error."""
+        return dict(self._rungs)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Study:
+        """Scales resolved against the variants, the protocol's and tuning's field checks, all
+        reported at their own field paths."""
+        ref = next((v for v in self.variants if v.name == self.reference), self.variants[0])  # unknown: _cross_checks
+        resolved = resolve_scales(self.scale_entries, [v.model_variant for v in self.variants], ref.model_variant,
+                                  ref.options)
+        self._scales, self._shapes, self._rungs = resolved.names, resolved.shapes, resolved.rungs
+        problems = resolved.problems + protocol_problems(self.protocol, self.train.schedule, self.extend)
+        if self.tune is not None:
+            problems += self._fixed_lrs()
+        raise_problems("Study", problems)
+        return self
+
+    def _fixed_lrs(self) -> list[tuple[Loc, str]]:
+        """Every fixed peak LR a ``tune:`` grid would silently override, as problems."""
+        why = "tune: chooses the peak LR of every (variant, scale); remove this lr or the tune section"
+        locs: list[Loc] = [("variants", i, "lr") for i, v in enumerate(self.variants) if v.lr is not None]
+        locs += [("scales", i, "lr") for i, e in enumerate(self.scale_entries) if isinstance(e, ScaleShape) and e.lr is not None]
+        if self.train.lr is not None:
+            locs.append(("train", "lr"))
+        return [(loc, why) for loc in locs]
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Study:
@@ -269,55 +335,6 @@ class Study(_Strict):
         return self.storage_path or str(self.workdir_path / "ray")
 
 
-def _check_variant_options(study: Study) -> list[tuple[Loc, str]]:
-    """Build every (variant, scale) model config once so bad options fail at validation."""
-    from model import build_config
-
-    problems: list[tuple[Loc, str]] = []
-    for i, v in enumerate(study.variants):
-        try:
-            build_config(study.scales[0], v.model_variant, vocab_size=study.tokenizer.vocab_size, **v.options)
-        except (ValueError, TypeError) as e:
-            problems.append((("variants", i, "options"), str(e)))
-    return problems
-
-
-def check_local_corpus_paths(study: Study, path: str | Path = "<spec>") -> None:
-    """Before a local run: every local corpus path must match a file (URIs such as s3://
-    are checked when prepared). Not part of ``load_spec``: a cluster spec may name paths
-    that exist only on the cluster.
-
-    Raises:
-        SpecError: naming each corpus path that matches nothing.
-    """
-    problems = _check_corpus_paths(study)
-    if problems:
-        raise SpecError(path, problems)
-
-
-def _check_corpus_paths(study: Study) -> list[tuple[str, str]]:
-    import glob
-
-    problems = []
-
-    def check(corpus: CorpusConfig, where: str) -> None:
-        for field in ("paths", "val_paths"):
-            for i, p in enumerate(getattr(corpus, field)):
-                if "://" in p:
-                    continue
-                if not glob.glob(str(Path(p).expanduser()), recursive=True):
-                    problems.append((f"{where}.{field}[{i}]", f"no file or folder matches {p!r} (relative to {Path.cwd()})"))
-        for j, c in enumerate(corpus.components):
-            check(c.corpus, f"{where}.components[{j}].corpus")
-
-    if study.corpora:
-        for name, c in study.corpora.items():
-            check(c, f"corpora.{name}")
-    elif study.corpus is not None:
-        check(study.corpus, "corpus")
-    return problems
-
-
 def _raise(path: str | Path, problems: list[tuple[Loc, str]], layers: list[Layer] | None) -> NoReturn:
     files = [origin(layers, loc) if layers else path for loc, _ in problems]
     raise SpecError(path, [(loc_str(loc), msg) for loc, msg in problems], files)
@@ -336,9 +353,6 @@ def parse_spec(data: Any, path: str | Path = "<spec>", layers: list[Layer] | Non
         study = Study.model_validate(data)
     except ValidationError as e:
         _raise(path, validation_problems(e, Study), layers)
-    problems = _check_variant_options(study)
-    if problems:
-        _raise(path, problems, layers)
     return study
 
 

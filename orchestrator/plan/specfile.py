@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails
 
 EXTENDS = "extends"
 Loc = tuple[str | int, ...]
@@ -175,28 +176,55 @@ def loc_str(loc: Loc) -> str:
     return out
 
 
-def _first_model(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside an annotation such as ``CorpusConfig | None`` or ``dict[str, X]``."""
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models inside an annotation such as ``CorpusConfig | None``,
+    ``dict[str, X]`` or ``list[str | ScaleShape | LadderScale]``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _first_model(arg)
-        if found is not None:
-            return found
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models(arg)]
+
+
+def _field(cls: type[BaseModel], key: str) -> Any:
+    """The field of ``cls`` that input key ``key`` fills (by alias first, then by name)."""
+    for name, f in cls.model_fields.items():
+        if f.alias == key or (f.alias is None and name == key):
+            return f
     return None
 
 
 def _unknown_field_message(root: type[BaseModel], loc: Loc) -> str:
-    """"unknown field (did you mean ...? allowed: ...)" from the fields of the model holding ``loc``."""
-    cls: type[BaseModel] | None = root
+    """"unknown field (did you mean ...? allowed: ...)" from the fields of the models that can
+    hold ``loc`` (several where a field is a union of models, e.g. a scale entry)."""
+    models = [root]
     for part in loc[:-1]:  # dict keys and list indices are skipped
-        if cls is None or isinstance(part, int) or part not in cls.model_fields:
-            continue
-        cls = _first_model(cls.model_fields[part].annotation)
-    allowed = sorted(cls.model_fields) if cls is not None else []
+        fields = [f for m in models if not isinstance(part, int) and (f := _field(m, part)) is not None]
+        below = [m for f in fields for m in _models(f.annotation)]
+        models = below or models
+    allowed = sorted({f.alias or name for m in models for name, f in m.model_fields.items()})
     close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown field ({hint}allowed: {', '.join(allowed)})" if allowed else "unknown field"
+
+
+def value_error_details(loc: Loc, message: str, value: Any = None) -> InitErrorDetails:
+    """A pydantic ``value_error`` at ``loc`` (what a validator's ``ValueError(message)`` gives), for
+    validators that report several problems at their own field paths at once (`raise_problems`)."""
+    return InitErrorDetails(type="value_error", loc=tuple(loc), input=value, ctx={"error": ValueError(message)})
+
+
+def error_details(err: ValidationError, prefix: Loc = ()) -> list[InitErrorDetails]:
+    """``err``'s errors, their paths under ``prefix``: to re-raise a nested model's errors at the
+    path of the entry that holds it."""
+    return [InitErrorDetails(type=e["type"], loc=(*prefix, *e["loc"]), input=e["input"],
+                             **({"ctx": e["ctx"]} if "ctx" in e else {}))  # type: ignore[typeddict-item]
+            for e in err.errors(include_url=False)]
+
+
+def raise_problems(title: str, problems: list[tuple[Loc, str]]) -> None:
+    """Raise every (field path, message) problem at once as one ValidationError (a model
+    validator's checks that name fields of their own); no-op without problems."""
+    if problems:
+        raise ValidationError.from_exception_data(title, [value_error_details(loc, msg) for loc, msg in problems])
 
 
 def validation_problems(err: ValidationError, root: type[BaseModel]) -> list[tuple[Loc, str]]:

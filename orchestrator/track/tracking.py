@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
-
 from orchestrator.plan.spec import default_workdir
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # MLflow takes seconds to import: the functions that talk to a store import it
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
     from orchestrator.plan.spec import Study
 
 KIND_TAG = "qkstudy.kind"
@@ -133,18 +133,30 @@ def redact_uri(text: str) -> str:
 
 def client_for(uri: str) -> MlflowClient:
     """An MlflowClient on ``uri`` (SQLite file, http(s) server, or a file store)."""
+    from mlflow.tracking import MlflowClient
+
     return MlflowClient(tracking_uri=uri)
 
 
+def artifact_location(tracking_uri: str) -> str | None:
+    """Where a new experiment's artifacts go: ``<folder of the SQLite file>/artifacts`` (a
+    ``file://`` URI; the study's workdir for the embedded store) for a SQLite store, None (the
+    server's or MLflow's default) for any other. MLflow's own default for a SQLite store is
+    ``./mlruns`` of whichever process logs first: a worker's cwd, not the study's folder."""
+    db = sqlite_path(tracking_uri)
+    return None if db is None or db == Path(".") else (db.resolve().parent / "artifacts").as_uri()
+
+
 def ensure_experiment(client: MlflowClient, name: str) -> str:
-    """Experiment id of ``name``, creating it (tolerating a concurrent creator)."""
+    """Experiment id of ``name``, creating it (tolerating a concurrent creator) with its
+    artifacts under ``artifact_location`` of the client's store."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifact_location(client.tracking_uri))
     except Exception:
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -152,14 +164,15 @@ def ensure_experiment(client: MlflowClient, name: str) -> str:
         return exp.experiment_id
 
 
-def find_train_runs(client: MlflowClient, experiment_id: str) -> dict[str, Any]:
-    """All training runs of an experiment keyed by their ``run_id`` tag (newest wins)."""
+def find_train_runs(client: MlflowClient, experiment_id: str, kind: str = KIND_TRAIN) -> dict[str, Any]:
+    """All training runs of an experiment keyed by their ``run_id`` tag (newest wins); ``kind``
+    ``tune`` gives the LR-tuning runs instead (``orchestrator.plan.tune_plan``)."""
     out: dict[str, Any] = {}
     token = None
     while True:
         page = client.search_runs(
             [experiment_id],
-            filter_string=f"tags.`{KIND_TAG}` = '{KIND_TRAIN}'",
+            filter_string=f"tags.`{KIND_TAG}` = '{kind}'",
             max_results=5000,
             order_by=["attributes.start_time ASC"],
             page_token=token,
@@ -179,7 +192,7 @@ def run_status(run: Any) -> str:
 def create_run(client: MlflowClient, experiment_id: str, spec: Any, extra_params: dict[str, Any] | None = None) -> str:
     """Create the MLflow run of a planned run (RunSpec) with its tags and params; return its id."""
     tags = {
-        KIND_TAG: KIND_TRAIN,
+        KIND_TAG: getattr(spec, "kind", KIND_TRAIN),  # a tuning run is kind tune
         "study": spec.study,
         "run_id": spec.run_id,
         "variant": spec.variant,
@@ -211,6 +224,8 @@ def create_run(client: MlflowClient, experiment_id: str, spec: Any, extra_params
 
 
 def _log_params(client: MlflowClient, mlflow_run_id: str, params: dict[str, Any]) -> None:
+    from mlflow.entities import Param
+
     items = [Param(k, str(v)[:6000]) for k, v in params.items()]
     for i in range(0, len(items), 100):
         client.log_batch(mlflow_run_id, params=items[i : i + 100])
@@ -219,6 +234,8 @@ def _log_params(client: MlflowClient, mlflow_run_id: str, params: dict[str, Any]
 def set_status(client: MlflowClient, mlflow_run_id: str, status: str, reason: str | None = None,
                tokens: int | None = None) -> None:
     """Set the ``status`` tag (and MLflow's own run status) of a run; record why it failed."""
+    from mlflow.entities import RunTag
+
     tags = [RunTag("status", status)]
     if reason is not None:
         tags.append(RunTag("failure_reason", reason[:5000]))
@@ -250,6 +267,8 @@ class MetricBuffer:
 
     def add(self, metrics: dict[str, float], step: int) -> None:
         """Queue ``metrics`` at ``step`` (tokens seen); dropped if MLflow already has that step."""
+        from mlflow.entities import Metric
+
         if step <= self.resume_after:
             return
         ts = int(time.time() * 1000)

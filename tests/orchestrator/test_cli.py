@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -93,3 +94,64 @@ def test_submit_spec_outside_the_working_dir_names_the_spec(tmp_path, monkeypatc
     res = CliRunner().invoke(app, ["submit", str(tmp_path / "s.yaml"), "--address", "http://127.0.0.1:8265"])
     assert res.exit_code == 2, res.output
     assert f"{tmp_path / 's.yaml'}: the spec must be inside the uploaded working dir" in res.output.replace("\n", "")
+
+
+STUDY = "name: s\nscales: [cpu-xs]\nvariants: [standard, coupled]\nbudget: {tokens: 40960}\n"
+BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or extended, and what validate prints
+    "non-positive tuning LR": (STUDY + "tune: {lr: [0.001, 0], tokens: 0.25}\n",
+                               "tune.lr: entry 1 (0.0) is not a positive learning rate"),
+    "branches with cosine": (STUDY + "protocol: branches\nextend: [1.5, 2, 3]\n",
+                             "train.schedule: protocol: branches needs the wsd schedule"),
+    "branches without extend": (STUDY + "protocol: branches\ntrain: {schedule: wsd}\n",
+                                "extend: protocol: branches needs extend multipliers"),
+    "unreachable ladder target": (STUDY.replace("[cpu-xs]", "[cpu-xs, {ladder: {targets: [2.2M, 300], head_dim: 32, "
+                                                              "aspect_ratio: 40}}]"),
+                                  "scales[1].ladder.targets[1]: no shape with head_dim 32 has N within 5% of 300"),
+    "non-dividing shape": (STUDY.replace("[cpu-xs]", "[cpu-xs, {name: w100, n_layer: 2, d_model: 100, n_head: 3}]"),
+                           "scales[1].n_head: d_model=100 is not divisible by n_head=3"),
+    "odd heads for differential": (STUDY.replace("[cpu-xs]", "[{name: w96, n_layer: 2, d_model: 96, n_head: 3}]")
+                                   .replace("coupled]", "differential]"),
+                                   "scales[0].n_head: variant 'differential' pairs heads"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_validate_bad_input_names_file_and_field_and_exits_2(case, tmp_path):
+    text, expected = BAD_INPUT[case]
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text)
+    res = CliRunner().invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2, res.output
+    assert f"error: {spec}: {expected}" in res.output.replace("\n", ""), res.output
+
+
+def test_schema_has_custom_scales_tuning_and_protocol():
+    schema = json.loads(CliRunner().invoke(app, ["schema"]).output)
+    assert {"protocol", "tune"} <= set(schema["properties"])
+    assert {"ScaleShape", "LadderScale", "LadderSpec", "TuneSpec"} <= set(schema["$defs"])
+
+
+def test_plan_prints_the_power_of_its_seeds_with_a_known_answer(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(STUDY + "seeds: [0, 1, 2]\n")
+    res = CliRunner().invoke(app, ["plan", str(spec), "--seed-sd", "0.05", "--gap", "0.1"])
+    assert res.exit_code == 0, res.output
+    # sd of the paired differences 0.05 sqrt 2 = 0.0707 nats; MDE(n = 3) = 3.2640 sd (noncentral t, as in
+    # test_power) = 0.231 nats. A gap of 0.1 nats is 1.414 sd: MDE(6) = 1.4345 sd > 1.414 > MDE(7) = 1.2726 sd,
+    # so 7 seeds (simulated: power 0.79 with 6 seeds, 0.87 with 7).
+    text = " ".join(res.output.split())
+    assert ("with 3 seeds and seed std 0.05 nats, the smallest gap detectable at 80% power is 0.231 nats "
+            "(seed-paired t-test, 5% two-sided; sd of the paired differences 0.0707 nats = seed std x sqrt 2); "
+            "a gap of 0.1 nats needs 7 seeds") in text
+
+
+def test_plan_power_with_one_seed_and_in_json_mode(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(STUDY)
+    res = CliRunner().invoke(app, ["plan", str(spec), "--seed-sd", "0.05"])
+    assert res.exit_code == 0 and "with 1 seed and seed std 0.05 nats, no gap is detectable" in " ".join(res.output.split())
+    spec.write_text(STUDY + "seeds: [0, 1, 2]\n")
+    res = CliRunner().invoke(app, ["plan", str(spec), "--json", "--seed-sd", "0.05"])
+    assert res.exit_code == 0 and len(json.loads(res.stdout)) == 6  # stdout is the runs alone
+    assert "detectable at 80% power is 0.231 nats" in " ".join(res.stderr.split())
+    assert CliRunner().invoke(app, ["plan", str(spec), "--seed-sd", "-1"]).exit_code == 2

@@ -1,0 +1,36 @@
+"""The light commands answer without importing the heavy stack: which modules a fresh
+``qkstudy`` process loads (no timing here: `python -m orchestrator.bench --cli` measures it)."""
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from orchestrator.bench import HEAVY, cli_heavy_modules
+from orchestrator.cli import INPUT_ERRORS
+
+DEMO = str(Path(__file__).resolve().parents[2] / "jobs" / "cpu-demo.yaml")
+NEVER = {"mlflow", "ray", "pandas", "matplotlib", "deepspeed", "scipy"}
+
+
+@pytest.mark.parametrize("args, code", [(["validate", DEMO], 0), (["plan", DEMO], 0), (["schema"], 0),
+                                        (["validate", "bad.yaml"], 2), (["status", "no-such-study"], 2)])
+def test_light_commands_do_not_import_mlflow_ray_or_pandas(args, code, tmp_path):
+    (tmp_path / "bad.yaml").write_text("name: b\nscales: [cpu-xs, {name: w, n_layer: 2, d_model: 100, n_head: 3}]\n"
+                                       "variants: [standard]\nbudget: {tokens: 40960}\n")
+    rc, heavy = cli_heavy_modules(args, cwd=tmp_path)
+    assert rc == code
+    assert not NEVER & set(heavy), heavy
+    assert not (tmp_path / "runs").exists()  # and nothing was written
+
+
+def test_the_probe_sees_what_a_command_imports(tmp_path):
+    # negative control: `model info` builds a model, so torch must show up
+    rc, heavy = cli_heavy_modules(["model", "info", "--preset", "cpu-xs", "--json"], cwd=tmp_path)
+    assert rc == 0 and "torch" in heavy and set(heavy) <= set(HEAVY)
+
+
+def test_every_input_error_is_named_by_the_module_that_defines_it():
+    for module, name in INPUT_ERRORS:
+        cls = getattr(importlib.import_module(module), name)
+        assert cls.__module__ == module and issubclass(cls, Exception), (module, name)
