@@ -29,6 +29,7 @@ from orchestrator.report.output import GENERATOR, check_out_dir, jsonable, swap_
 from orchestrator.report.query import StudyData, query_study
 from orchestrator.report.ratio import token_ratio
 from orchestrator.report.scaling import scaling_analysis
+from orchestrator.report.tuning import tuning_tables
 from orchestrator.report.verdict import paired_differences
 from orchestrator.track.tracking import KIND_REPORT, KIND_TAG, redact_uri
 
@@ -85,6 +86,7 @@ def build_report(
         data = _only_corpus(data, corpus)
         kw["expected"] = [e for e in expected if e.get("corpus", corpus) == corpus] if expected is not None else None
     summary, tabs, figures = analyse(data, **kw)
+    tabs.update(tuning_tables(data.tracking_uri, data.experiment_id))
     if corpus is not None:
         summary["corpus"] = corpus
         for s_ in summary["scales"]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from orchestrator.report import tuning
 from orchestrator.report.interval import COVERAGE
 from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
 
@@ -57,6 +58,9 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
     out = [intro(summary), final_ppl(summary, tables), paired(summary, tables), paper(), token_ratio(summary, tables)]
     if "accuracy" in tables:
         out.append(accuracy(tables))
+    if tuning.TABLE in tables:  # a study with tune: (orchestrator.report.tuning)
+        out.append(Section("Learning-rate tuning", tuning.section_text(tables[tuning.TABLE]),
+                           tuning.display(tables[tuning.TABLE])))
     out += [scaling(summary), stability(tables), cost(summary, tables), problems(summary, tables), missing_inputs(summary)]
     figs = set(summary.get("figures", []))
     for s in out:
