@@ -3,18 +3,21 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Every version comes from constraints.txt (the lock; `make lock` regenerates it).
+LOCK   := constraints.txt
 # CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-TORCH_PIN ?= torch==2.13.0
+TORCH_PIN ?= $(shell grep -m1 '^torch==' $(LOCK))
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install demo test test-fast bench lint clean lock base-image wheelhouse images stack-up stack-down
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(TORCH_PIN)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c $(LOCK) pip
+	$(BIN)/python -m pip install -q -c $(LOCK) $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -c $(LOCK) -e '.[dev]'
+	$(BIN)/python -m orchestrator.run.ext_lock --prebuild
 	touch $(STAMP)
 
 demo: install
@@ -32,11 +35,61 @@ bench: install
 	$(BIN)/python -m data_pipeline.bench
 	$(BIN)/python -m orchestrator.report.bench
 	$(BIN)/python -m orchestrator.bench --training --startup
+	$(BIN)/python -m orchestrator.bench --cli
 
 clean:
 	rm -rf runs .pytest_cache
 
 lint: install
-	$(BIN)/python -m pip install -q -r requirements-lint.txt
+	$(BIN)/python -m pip install -q -c $(LOCK) -r requirements-lint.txt
 	$(BIN)/ruff check model data_pipeline orchestrator tests
 	$(BIN)/mypy
+
+# The lock from the venv `make test` passed in (torch without its +cpu/+cuXXX build tag).
+lock: install
+	{ sed -n '1,/^# Regenerate/p' $(LOCK); $(BIN)/python -m pip freeze --all --exclude-editable \
+	  | grep -v '^#' | sed -E 's/^torch==([0-9.]+)\+.*/torch==\1/'; } > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK)
+
+# --- Images and the compose stack (docker/README.md) ------------------------------------------
+# CPU by default (Debian bookworm from debootstrap, this machine's torch); GPU=1: CUDA base,
+# CUDA torch, one GPU worker per host. The legacy builder needs no frontend image (offline).
+GPU            ?= 0
+IMAGE_TAG      ?= latest
+SERVICE_BASE   ?= qkstudy-base:bookworm
+export DOCKER_BUILDKIT ?= 0
+ifeq ($(GPU),1)
+BASE_IMAGE     ?= nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+DS_ACCELERATOR ?= cuda
+TRAIN_WHEELS   ?= build/wheelhouse-gpu
+TRAIN_WHEEL_ENV = WHEEL_PYTHON=$${WHEEL_PYTHON:-3.12} TORCH_INDEX_URL=$${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cu128}
+else
+BASE_IMAGE     ?= $(SERVICE_BASE)
+DS_ACCELERATOR ?= cpu
+TRAIN_WHEELS   ?= build/wheelhouse
+TRAIN_WHEEL_ENV =
+endif
+WHEEL_INPUTS   := pyproject.toml $(LOCK) docker/wheelhouse.sh docker/requirements.py
+
+base-image:
+	docker image inspect $(SERVICE_BASE) >/dev/null 2>&1 || docker/base/build-base-image.sh $(SERVICE_BASE)
+
+build/wheelhouse/constraints.txt: $(WHEEL_INPUTS)
+	PYTHON=$(BIN)/python WHEELHOUSE=build/wheelhouse docker/wheelhouse.sh
+
+build/wheelhouse-gpu/constraints.txt: $(WHEEL_INPUTS)
+	PYTHON=$(BIN)/python WHEELHOUSE=build/wheelhouse-gpu $(TRAIN_WHEEL_ENV) docker/wheelhouse.sh
+
+wheelhouse: install build/wheelhouse/constraints.txt $(TRAIN_WHEELS)/constraints.txt
+
+images: base-image wheelhouse
+	docker build -f docker/postgres.Dockerfile --build-arg BASE_IMAGE=$(SERVICE_BASE) -t qkstudy-postgres:$(IMAGE_TAG) docker/postgres
+	docker build -f docker/mlflow.Dockerfile --build-arg BASE_IMAGE=$(SERVICE_BASE) -t qkstudy-mlflow:$(IMAGE_TAG) .
+	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg DS_ACCELERATOR=$(DS_ACCELERATOR) \
+	  --build-arg WHEELHOUSE=$(TRAIN_WHEELS) -t qkstudy:$(IMAGE_TAG) .
+
+# ENV_FILE (default docker/.env), WORKERS=N (CPU Ray workers), GPU=1, KEEP_DATA=1: docker/stack.sh.
+stack-up: images
+	GPU=$(GPU) docker/stack.sh up
+
+stack-down:
+	GPU=$(GPU) docker/stack.sh down

@@ -31,8 +31,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.config import ModelConfig
+from model.coupled import DynamicsQK
+from model.fused_qk import QK_IMPLS, check_impl, resolve_impl
 from model.gpt import GPT, count_model
 from model.presets import PRESETS, build_config
 
@@ -63,13 +66,40 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
 @dataclass
 class BenchResult:
     spec: str
+    impl: str  # how its QK transform ran ("-": no learned transform), `model.fused_qk`
     step_s: float  # median seconds per optimizer step
     tokens_per_s: float
     ratio: float  # step time / standard step time (median of paired ratios)
+    ratio_iqr: tuple[float, float]  # 25th and 75th percentiles of the paired ratios (the spread)
+    best_ratio: float  # fastest step time / standard's fastest (least touched by other processes)
     cpu_ratio: float  # same for process CPU time per step
+    cpu_ratio_iqr: tuple[float, float]
     flop_ratio: float  # analytic training FLOPs per token / standard's
     flops_per_token: int
     mfu: float | None
+    step_mem_gib: float | None  # CUDA: peak memory a step adds to what is resident before it
+    load: float  # median 1-minute load average over this variant's timed repeats
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How steps run. impl: QK transform implementation of every spec without its own impl=
+    (`model.fused_qk.QK_IMPLS`); amp: "auto" (bf16 autocast on CUDA, none elsewhere), "bf16"
+    or "none"; sdpa: "auto" (PyTorch picks the backend) or "flash" (only the flash kernel)."""
+
+    impl: str = "auto"
+    amp: str = "auto"
+    sdpa: str = "auto"
+
+    def context(self, device: str) -> contextlib.ExitStack:
+        """The autocast and SDPA-backend contexts a step runs in (a fresh ExitStack)."""
+        stack = contextlib.ExitStack()
+        device_type = torch.device(device).type
+        if self.amp == "bf16" or (self.amp == "auto" and device_type == "cuda"):
+            stack.enter_context(torch.autocast(device_type, dtype=torch.bfloat16))
+        if self.sdpa == "flash":
+            stack.enter_context(sdpa_kernel(SDPBackend.FLASH_ATTENTION))
+        return stack
 
 
 def machine_description() -> str:
@@ -96,88 +126,118 @@ class _Run:
     model: GPT
     opt: torch.optim.Optimizer
     idx: torch.Tensor  # [batch, seq_len + 1] fixed random tokens
+    impl: str  # the model's QK implementation setting
 
 
 def _build_runs(preset: str, specs: list[str], batch_size: int, vocab_size: int, seq_len: int | None,
-                device: str) -> list[_Run]:
-    """One model (seed 0), AdamW and fixed batch per spec; 'standard' first."""
+                device: str, impl: str) -> list[_Run]:
+    """One model (seed 0), AdamW and fixed batch per spec; 'standard' first. A spec's impl=
+    option overrides impl. Raises ValueError for a bad spec or impl."""
     if specs[0] != "standard":
         specs = ["standard", *[s for s in specs if s != "standard"]]
     runs = []
     for spec in specs:
         name, opts = parse_variant(spec)
+        run_impl = check_impl(str(opts.pop("impl", impl)))
         cfg = build_config(preset, name, vocab_size=vocab_size, seq_len=seq_len, **opts)
-        model = GPT(cfg, seed=0).to(device)
+        model = GPT(cfg, seed=0, qk_impl=run_impl).to(device)
         g = torch.Generator().manual_seed(0)
         idx = torch.randint(0, vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
-        runs.append(_Run(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=3e-4), idx))
+        runs.append(_Run(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=3e-4), idx, run_impl))
     return runs
 
 
-def _step(run: _Run, amp: Any) -> None:
+def _step(run: _Run, options: StepOptions) -> None:
     """One optimizer step (forward, backward, AdamW) on the run's fixed batch."""
     run.opt.zero_grad(set_to_none=True)
-    with amp if amp is not None else contextlib.nullcontext():
+    with options.context(str(run.idx.device)):
         _, loss = run.model(run.idx[:, :-1], run.idx[:, 1:])
     cast(torch.Tensor, loss).backward()  # not None: targets were given
     run.opt.step()
 
 
-def _timed(run: _Run, steps: int, amp: Any, cuda: bool) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) per step over `steps` steps."""
+def _impl_used(run: _Run, options: StepOptions) -> str:
+    """What the run's QK transforms execute in a training step ("-" if it has none)."""
+    if not any(isinstance(m, DynamicsQK) for m in run.model.modules()):
+        return "-"
+    with options.context(str(run.idx.device)), torch.enable_grad():
+        return resolve_impl(run.impl, run.idx.new_zeros((), dtype=torch.float32))
+
+
+def _timed(run: _Run, steps: int, options: StepOptions) -> tuple[float, float, float | None]:
+    """(wall seconds, process CPU seconds) per step over `steps` steps, and on CUDA the peak
+    memory [GiB] the steps added to what was allocated before them (None elsewhere)."""
+    cuda = run.idx.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
-        _step(run, amp)
+        _step(run, options)
     if cuda:
         torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+    wall, cpu = (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+    return wall, cpu, (torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None
 
 
 def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_size: int,
               vocab_size: int, seq_len: int | None, device: str, peak_tflops: float | None,
-              warmup: int = 2) -> list[BenchResult]:
+              warmup: int = 2, options: StepOptions = StepOptions()) -> list[BenchResult]:
     """Time each variant spec (see module docstring); 'standard' is put first (the reference).
-    Raises ValueError for a bad spec (`parse_variant`, `build_config`)."""
-    cuda = device.startswith("cuda")
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else None
-    runs = _build_runs(preset, specs, batch_size, vocab_size, seq_len, device)
+    Warm-up steps (at least 1: a compiled transform compiles then) are not timed.
+    Raises ValueError for a bad spec (`parse_variant`, `build_config`) or impl."""
+    runs = _build_runs(preset, specs, batch_size, vocab_size, seq_len, device, options.impl)
     for run in runs:
         for _ in range(warmup):
-            _step(run, amp)
-    times: list[list[float]] = [[] for _ in runs]
-    cpu: list[list[float]] = [[] for _ in runs]
+            _step(run, options)
+    samples: list[list[tuple[float, float, float | None, float]]] = [[] for _ in runs]
     for r in range(repeats):
         for i in [(i + r) % len(runs) for i in range(len(runs))]:  # rotate to cancel position bias
-            wall, cpu_s = _timed(runs[i], steps, amp, cuda)
-            times[i].append(wall)
-            cpu[i].append(cpu_s)
+            samples[i].append((*_timed(runs[i], steps, options), os.getloadavg()[0]))
     std_flops = count_model(runs[0].cfg).flops_per_token
-    results = []
-    for run, ts, cs in zip(runs, times, cpu):
-        step_s = statistics.median(ts)
-        tokens_per_s = batch_size * run.cfg.seq_len / step_s
-        fpt = count_model(run.cfg).flops_per_token
-        results.append(BenchResult(
-            spec=run.spec, step_s=step_s, tokens_per_s=tokens_per_s,
-            ratio=statistics.median(t / t0 for t, t0 in zip(ts, times[0])),
-            cpu_ratio=statistics.median(c / c0 for c, c0 in zip(cs, cpu[0])),
-            flop_ratio=fpt / std_flops, flops_per_token=fpt,
-            mfu=fpt * tokens_per_s / (peak_tflops * 1e12) if peak_tflops else None))
-    return results
+    return [_summarise(run, s, samples[0], batch_size, std_flops, peak_tflops, _impl_used(run, options))
+            for run, s in zip(runs, samples)]
+
+
+def _summarise(run: _Run, s: list[tuple[float, float, float | None, float]],
+               ref: list[tuple[float, float, float | None, float]], batch_size: int, std_flops: int,
+               peak_tflops: float | None, impl: str) -> BenchResult:
+    """One variant's result from its (wall, cpu, memory, load) samples and the reference's."""
+    step_s = statistics.median(x[0] for x in s)
+    tokens_per_s = batch_size * run.cfg.seq_len / step_s
+    fpt = count_model(run.cfg).flops_per_token
+    ratios = [x[0] / x0[0] for x, x0 in zip(s, ref)]
+    cpu_ratios = [x[1] / x0[1] for x, x0 in zip(s, ref)]
+    mems = [x[2] for x in s if x[2] is not None]
+    return BenchResult(
+        spec=run.spec, impl=impl, step_s=step_s, tokens_per_s=tokens_per_s, ratio=statistics.median(ratios),
+        ratio_iqr=_iqr(ratios), best_ratio=min(x[0] for x in s) / min(x[0] for x in ref),
+        cpu_ratio=statistics.median(cpu_ratios), cpu_ratio_iqr=_iqr(cpu_ratios),
+        flop_ratio=fpt / std_flops, flops_per_token=fpt,
+        mfu=fpt * tokens_per_s / (peak_tflops * 1e12) if peak_tflops else None,
+        step_mem_gib=max(mems) if mems else None, load=statistics.median(x[3] for x in s))
+
+
+def _iqr(xs: list[float]) -> tuple[float, float]:
+    """25th and 75th percentiles (both xs[0] for a single sample)."""
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return q[0], q[2]
 
 
 def format_table(results: list[BenchResult]) -> str:
-    """Markdown table of results."""
-    mfu = any(r.mfu is not None for r in results)
-    head = ("| variant | step (ms) | tokens/s | step-time ratio vs standard | CPU-time ratio | FLOP ratio |"
-            + (" MFU |" if mfu else ""))
-    rows = [head, "|" + "---|" * (7 if mfu else 6)]
+    """Markdown table of results (MFU and memory columns only where measured)."""
+    mfu, mem = any(r.mfu is not None for r in results), any(r.step_mem_gib is not None for r in results)
+    head = ("| variant | QK impl | step (ms) | tokens/s | step-time ratio vs standard | ratio IQR | best-of ratio | CPU-time ratio (IQR) "
+            "| FLOP ratio |" + (" MFU |" if mfu else "") + (" step memory (GiB) |" if mem else "") + " load |")
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
-        row = (f"| {r.spec} | {r.step_s * 1e3:.1f} | {r.tokens_per_s:,.0f} | {r.ratio:.3f} | "
-               f"{r.cpu_ratio:.3f} | {r.flop_ratio:.4f} |")
-        rows.append(row + (f" {r.mfu:.1%} |" if mfu else ""))
+        row = (f"| {r.spec} | {r.impl} | {r.step_s * 1e3:.1f} | {r.tokens_per_s:,.0f} | {r.ratio:.3f} | "
+               f"{r.ratio_iqr[0]:.3f}-{r.ratio_iqr[1]:.3f} | {r.best_ratio:.3f} | "
+               f"{r.cpu_ratio:.3f} ({r.cpu_ratio_iqr[0]:.3f}-{r.cpu_ratio_iqr[1]:.3f}) | {r.flop_ratio:.4f} |")
+        row += f" {r.mfu:.1%} |" if mfu and r.mfu is not None else " - |" if mfu else ""
+        row += f" {r.step_mem_gib:.2f} |" if mem and r.step_mem_gib is not None else " - |" if mem else ""
+        rows.append(row + f" {r.load:.1f} |")
     return "\n".join(rows)
 
 
@@ -192,36 +252,62 @@ def append_markdown(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str] | None = None) -> int:
+# The GPU path (bf16 autocast, flash SDPA, compiled QK transform) at tiny CPU shapes: what
+# --dry-run runs, so the tests know the GPU command works before a GPU is lent.
+DRY_RUN = dict(preset="cpu-xs", variants=["standard", "coupled"], repeats=2, steps=1, batch_size=2,
+               seq_len=32, vocab_size=128, device="cpu", amp="bf16", sdpa="flash", impl="compile",
+               peak_tflops=1.0, warmup=1, no_append=True)
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m model.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu-s", choices=list(PRESETS))
     p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--steps", type=int, default=1,
                    help="timed optimizer steps per repeat (few: pairs then share machine load)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (compiles)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     p.add_argument("--vocab-size", type=int, default=4096, help="the CPU runs' tokenizer size")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: preset's)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--peak-tflops", type=float, default=None, help="accelerator peak, for MFU")
+    p.add_argument("--peak-tflops", type=float, default=None, help="accelerator peak (bf16 dense), for MFU")
+    p.add_argument("--impl", default="auto", choices=QK_IMPLS, help="QK transform implementation")
+    p.add_argument("--amp", default="auto", choices=["auto", "bf16", "none"], help="autocast (auto: bf16 on CUDA)")
+    p.add_argument("--sdpa", default="auto", choices=["auto", "flash"], help="SDPA backend (flash: only flash)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="the GPU path on CPU at tiny shapes (bf16, flash, compile); prints, never appends")
     p.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     p.add_argument("--no-append", action="store_true", help="print only")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.dry_run:
+        vars(args).update(DRY_RUN)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     machine = machine_description()
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    options = StepOptions(args.impl, args.amp, args.sdpa)
     try:
         results = run_bench(args.preset, args.variants, args.repeats, args.steps, args.batch_size,
-                            args.vocab_size, args.seq_len, args.device, args.peak_tflops)
+                            args.vocab_size, args.seq_len, args.device, args.peak_tflops, args.warmup, options)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     seq = args.seq_len or PRESETS[args.preset].seq_len
-    text = (f"## model.bench: preset {args.preset}, {started}\n\n"
-            f"Machine: {machine}.  \n"
+    text = (f"## model.bench: preset {args.preset}{' (dry run)' if args.dry_run else ''}, {started}\n\n"
+            f"Machine: {machine}; load avg at end {os.getloadavg()[0]:.2f}.  \n"
             f"Command: `{shlex.join(['python', '-m', 'model.bench', *(argv if argv is not None else sys.argv[1:])])}`  \n"
             f"Setup: batch {args.batch_size} x {seq} tokens, vocab {args.vocab_size}, device {args.device}, "
-            f"AdamW; median of {args.repeats} interleaved repeats of {args.steps} steps; "
-            f"ratios are medians of paired per-repeat ratios; FLOP ratio = analytic training FLOPs/token.\n\n"
+            f"AdamW, amp {args.amp}, SDPA {args.sdpa}, QK impl {args.impl}; median of {args.repeats} interleaved "
+            f"repeats of {args.steps} steps after {args.warmup} warm-up; ratios are medians of paired per-repeat "
+            f"ratios (IQR: their 25th-75th percentiles; best-of: fastest step over standard's fastest); FLOP ratio = analytic training FLOPs/token; "
+            + (f"MFU = model FLOPs x tokens/s / peak ({args.peak_tflops:g} TFLOP/s); " if args.peak_tflops else "")
+            + "load = median 1-min load avg.\n\n"
             + format_table(results))
     print(text)
     if not args.no_append:

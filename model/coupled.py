@@ -31,6 +31,11 @@ FLOPs (forward, per token, per layer): each evaluation of f costs
 2 * (head_dim * hidden + hidden * head_dim) per head (matmuls only, as everywhere in this
 package; the integrator's axpy updates, biases and SiLU are elementwise and not counted).
 
+Implementations: `coupled_flow` / `uncoupled_flow` are the eager reference, pure functions
+of (q, k, dt, f's weights); a transform's `impl` ("auto", "eager", "fused", "compile") picks
+it, the hand-fused autograd Functions, or torch.compile of it (`model.fused_qk`, where
+"auto" is defined). All compute the same function to float tolerance.
+
 Options (`DynamicsOptions`, `CoupledOptions`) and the factories `coupled_qk` / `uncoupled_qk`
 are what `model.registry` names for the variants built from these transforms.
 """
@@ -44,6 +49,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from model.fused_qk import Weights, compiled, fused_coupled, fused_uncoupled, resolve_impl
 from model.init import uniform_
 
 if TYPE_CHECKING:
@@ -111,18 +117,68 @@ class CouplingMLP(nn.Module):
             with torch.no_grad():
                 b.zero_()
 
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(w1, b1, w2, b2), the arguments of `mlp`."""
+        return self.w1, self.b1, self.w2, self.b2
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w1.shape[0] == 1:  # shared: one GEMM over every (token, head) row
-            return F.linear(F.silu(F.linear(x, self.w1[0], self.b1[0])), self.w2[0], self.b2[0])
-        B, T, H, D = x.shape  # per head: one batched GEMM with heads as the batch
-        xh = x.permute(2, 0, 1, 3).reshape(H, B * T, D)
-        h = F.silu(torch.baddbmm(self.b1.unsqueeze(1), xh, self.w1.transpose(1, 2)))
-        y = torch.baddbmm(self.b2.unsqueeze(1), h, self.w2.transpose(1, 2))
-        return y.view(H, B, T, D).permute(1, 2, 0, 3)
+        return mlp(x, *self.weights())
 
     def num_flops_per_token(self) -> int:
         """Forward FLOPs of one evaluation of f for all heads of one token (matmuls only)."""
         return self.n_head * 2 * (2 * self.head_dim * self.hidden)
+
+
+def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    """f(x) = w2 silu(w1 x + b1) + b2 for x [B, T, H, D]; weights as `CouplingMLP`'s (groups 1 or H)."""
+    if w1.shape[0] == 1:  # shared: one GEMM over every (token, head) row
+        return F.linear(F.silu(F.linear(x, w1[0], b1[0])), w2[0], b2[0])
+    B, T, H, D = x.shape  # per head: one batched GEMM with heads as the batch
+    xh = x.permute(2, 0, 1, 3).reshape(H, B * T, D)
+    h = F.silu(torch.baddbmm(b1.unsqueeze(1), xh, w1.transpose(1, 2)))
+    y = torch.baddbmm(b2.unsqueeze(1), h, w2.transpose(1, 2))
+    return y.view(H, B, T, D).permute(1, 2, 0, 3)
+
+
+def _dt_per_channel(dt: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """dt [H, 1] repeated over each head's channels, [H * head_dim]: the integrator's updates
+    then run on flat [B, T, H * head_dim] views whose contiguous rows vectorise (a [H, 1] dt
+    broadcast over [B, T, H, head_dim] leaves head_dim-long inner loops, ~10x slower)."""
+    return dt.expand(-1, head_dim).reshape(-1)
+
+
+def coupled_flow(q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, w: Weights, integrator: str,
+                 n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager coupled dynamics (module docstring): q, k [B, T, H, D], dt [H, 1], w = f's
+    (w1, b1, w2, b2) -> (q', k'). A function of its arguments only, so one torch.compile of
+    it serves every layer (`model.fused_qk`)."""
+    shape = q.shape
+    q, k, dt = q.flatten(2), k.flatten(2), _dt_per_channel(dt, shape[-1])
+
+    def f(x: torch.Tensor) -> torch.Tensor:  # f on flat [B, T, H*hd] views
+        return mlp(x.view(shape), *w).flatten(2)
+
+    if integrator == "euler":
+        for _ in range(n_steps):
+            q, k = torch.addcmul(q, dt, k), torch.addcmul(k, dt, f(q))
+        return q.view(shape), k.view(shape)
+    half = 0.5 * dt
+    fq = f(q)
+    for _ in range(n_steps):
+        k_half = torch.addcmul(k, half, fq)
+        q = torch.addcmul(q, dt, k_half)
+        fq = f(q)  # reused as the next step's first half-kick
+        k = torch.addcmul(k_half, half, fq)
+    return q.view(shape), k.view(shape)
+
+
+def uncoupled_flow(q: torch.Tensor, dt: torch.Tensor, w: Weights, n_steps: int) -> torch.Tensor:
+    """Eager uncoupled control: q' = q + dt f(q), n_steps times; shapes as `coupled_flow`."""
+    shape = q.shape
+    dt = _dt_per_channel(dt, shape[-1])
+    for _ in range(n_steps):
+        q = torch.addcmul(q.flatten(2), dt, mlp(q, *w).flatten(2)).view(shape)
+    return q
 
 
 class IdentityQK(nn.Module):
@@ -135,7 +191,7 @@ class IdentityQK(nn.Module):
         return 0
 
 
-class _DynamicsQK(nn.Module):
+class DynamicsQK(nn.Module):
     """Shared state of the learned-dynamics transforms: f, per-head dt, step count."""
 
     def __init__(self, n_head: int, head_dim: int, hidden: int, sharing: str,
@@ -147,6 +203,7 @@ class _DynamicsQK(nn.Module):
         self.dt_init = dt_init
         self.f = CouplingMLP(head_dim, hidden, n_head, sharing)
         self.dt = nn.Parameter(torch.full((n_head, 1), float(dt_init)))
+        self.impl = "auto"  # which implementation runs (`model.fused_qk`); `GPT.set_qk_impl` sets it
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """Redraw f from generator (None: the global RNG); dt back to dt_init."""
@@ -157,11 +214,8 @@ class _DynamicsQK(nn.Module):
     def n_evaluations(self) -> int:
         return self.n_steps
 
-    def _dt_per_channel(self, head_dim: int) -> torch.Tensor:
-        """dt repeated over each head's channels, [H * head_dim]: the integrator's updates then
-        run on flat [B, T, H * head_dim] views whose contiguous rows vectorise (a [H, 1] dt
-        broadcast over [B, T, H, head_dim] leaves head_dim-long inner loops, ~10x slower)."""
-        return self.dt.expand(-1, head_dim).reshape(-1)
+    def _impl(self, x: torch.Tensor) -> str:
+        return resolve_impl(self.impl, x)
 
     def num_flops_per_token(self, seq_len: int) -> int:
         """Forward FLOPs per token: evaluations of f x FLOPs of one evaluation (per-token
@@ -169,7 +223,7 @@ class _DynamicsQK(nn.Module):
         return self.n_evaluations() * self.f.num_flops_per_token()
 
 
-class CoupledQK(_DynamicsQK):
+class CoupledQK(DynamicsQK):
     """Coupled QK dynamics (Euler or leapfrog), see the module docstring.
 
     forward(q, k): q, k [B, T, H, head_dim] -> (q', k') of the same shape.
@@ -186,38 +240,21 @@ class CoupledQK(_DynamicsQK):
         return self.n_steps + 1 if self.integrator == "leapfrog" else self.n_steps
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = q.shape
-        q, k, dt = q.flatten(2), k.flatten(2), self._dt_per_channel(shape[-1])
-
-        def f(x: torch.Tensor) -> torch.Tensor:  # f on flat [B, T, H*hd] views
-            return self.f(x.view(shape)).flatten(2)
-
-        if self.integrator == "euler":
-            for _ in range(self.n_steps):
-                q, k = torch.addcmul(q, dt, k), torch.addcmul(k, dt, f(q))
-            return q.view(shape), k.view(shape)
-        half = 0.5 * dt
-        fq = f(q)
-        for _ in range(self.n_steps):
-            k_half = torch.addcmul(k, half, fq)
-            q = torch.addcmul(q, dt, k_half)
-            fq = f(q)  # reused as the next step's first half-kick
-            k = torch.addcmul(k_half, half, fq)
-        return q.view(shape), k.view(shape)
+        impl = self._impl(q)
+        fn = fused_coupled if impl == "fused" else compiled(coupled_flow) if impl == "compile" else coupled_flow
+        return fn(q, k, self.dt, self.f.weights(), self.integrator, self.n_steps)
 
 
-class UncoupledQK(_DynamicsQK):
+class UncoupledQK(DynamicsQK):
     """Uncoupled MLP control: q' = q + dt * f(q) for n_steps steps, k unchanged.
 
     forward(q, k): q, k [B, T, H, head_dim] -> (q', k).
     """
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = q.shape
-        dt = self._dt_per_channel(shape[-1])
-        for _ in range(self.n_steps):
-            q = torch.addcmul(q.flatten(2), dt, self.f(q).flatten(2)).view(shape)
-        return q, k
+        impl = self._impl(q)
+        fn = fused_uncoupled if impl == "fused" else compiled(uncoupled_flow) if impl == "compile" else uncoupled_flow
+        return fn(q, self.dt, self.f.weights(), self.n_steps), k
 
 
 def _dynamics_args(cfg: ModelConfig, o: DynamicsOptions) -> dict:

@@ -34,6 +34,8 @@ from torch import nn
 
 from model.attention import CausalSelfAttention
 from model.config import ModelConfig
+from model.coupled import DynamicsQK
+from model.fused_qk import check_impl
 from model.init import NoInitOnMeta, normal_, seeded_generator
 
 STAGES = ("qk_transform", "scoring")
@@ -79,10 +81,13 @@ class GPT(nn.Module):
     seed: the initial weights are a function of (cfg, seed) (`init_weights`); None draws the
     seed from torch's global RNG before anything else is built, so `torch.manual_seed(s)`
     followed by `GPT(cfg)` is deterministic and paired across variants too.
-    Raises ValueError if T > cfg.seq_len.
+    qk_impl: how learned QK transforms run, one of `model.fused_qk.QK_IMPLS` ("auto": the
+    fused path for CPU training, compiled on CUDA; `set_qk_impl`). It changes speed, not
+    the function computed (equal to float tolerance), so it is not part of the config.
+    Raises ValueError if T > cfg.seq_len or qk_impl is unknown.
     """
 
-    def __init__(self, cfg: ModelConfig, seed: int | None = None):
+    def __init__(self, cfg: ModelConfig, seed: int | None = None, qk_impl: str = "auto"):
         super().__init__()
         if seed is None:
             seed = int(torch.randint(0, 2**62, (), device="cpu"))
@@ -93,6 +98,14 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=False)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.init_weights(seed)
+        self.set_qk_impl(qk_impl)
+
+    def set_qk_impl(self, impl: str) -> None:
+        """Run every learned QK transform with impl (`model.fused_qk.QK_IMPLS`); ValueError if unknown."""
+        check_impl(impl)
+        for m in self.modules():
+            if isinstance(m, DynamicsQK):
+                m.impl = impl
 
     def init_weights(self, seed: int) -> None:
         """(Re)draw every parameter from generators seeded by (seed, name), see the module

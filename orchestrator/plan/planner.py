@@ -29,8 +29,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from model import ModelCounts, build_config, count_model
-from orchestrator.plan.recipe import BETAS, recipe_for
+from model import ModelCounts, count_model
+from orchestrator.plan.custom_scales import scale_config, scale_recipe
+from orchestrator.plan.recipe import BETAS
 from orchestrator.plan.spec import ResourcesSpec, Study, VariantSpec
 from orchestrator.plan.throughput import ThroughputTable, declared_throughput
 
@@ -108,12 +109,15 @@ class RunSpec(BaseModel):
     resources: ResourcesSpec
     data_hash: str | None = None
     calibration: dict[str, Any] | None = None
+    kind: str = "train"  # or "tune" (orchestrator.plan.tune_plan); in the identity only when not train
 
     @property
     def run_name(self) -> str:
         """Human-readable MLflow run name, e.g. ``coupled-cpu-s-s0-x1`` (``@corpus`` appended
         when the study has several corpora)."""
         name = f"{self.variant}-{self.scale}-s{self.seed}-x{_fmt_extend(self.extend)}"
+        if self.kind != "train":  # a tuning run: its LR names it, e.g. tune-coupled-cpu-s-lr0.003-s0
+            name = f"{self.kind}-{self.variant}-{self.scale}-lr{self.train.lr:g}-s{self.seed}"
         return name if self.corpus_name == self.corpus.get("source") else f"{name}@{self.corpus_name}"
 
     @property
@@ -130,7 +134,7 @@ def resolve_train(study: Study, scale: str) -> TrainRecipe:
     """Merge the study's train section over the scale's recipe."""
     from model import PRESETS
 
-    r = recipe_for(scale)
+    r = scale_recipe(study, scale)
     t = study.train
     global_batch = t.global_batch or r.global_batch
     return TrainRecipe(
@@ -175,7 +179,8 @@ def _steps_for(tokens: float, tokens_per_step: int) -> int:
 
 
 def plan(study: Study, throughput: ThroughputTable | None = None,
-         data: dict[str, str] | None = None) -> list[RunSpec]:
+         data: dict[str, str | None] | None = None,
+         tuned_lr: dict[tuple[str, str], float] | None = None) -> list[RunSpec]:
     """Expand a study into runs, ordered by corpus, scale, variant, seed, then extend.
 
     Args:
@@ -183,8 +188,10 @@ def plan(study: Study, throughput: ThroughputTable | None = None,
             only in ``wallclock`` mode; the spec's declared ``budget.throughput`` takes
             precedence over it.
         data: corpus name -> content hash (``orchestrator.plan.inputs.corpus_hashes``); it
-            enters every run's identity. Without it the ids cover the configs only: every
-            product caller passes it (``orchestrator.plan.inputs.plan_study``).
+            enters every run's identity. Without it (or with None for a corpus) the ids cover
+            the configs only: every product caller passes it (``plan.inputs.plan_study``).
+        tuned_lr: (variant, scale) -> peak LR chosen by tuning (``orchestrator.plan.tune_plan``);
+            it replaces the recipe's LR of that arm's runs and so enters their identity.
         Callers load both: the planner itself touches no disk and no hardware.
 
     Raises:
@@ -197,7 +204,7 @@ def plan(study: Study, throughput: ThroughputTable | None = None,
         if data is not None and corpus_name not in data:
             raise PlanError(f"no content hash given for corpus {corpus_name!r} (have {sorted(data)})")
         data_hash = data[corpus_name] if data is not None else None
-        runs.extend(_plan_corpus(study, corpus_name, corpus.model_dump(mode="json"), table, data_hash))
+        runs.extend(_plan_corpus(study, corpus_name, corpus.model_dump(mode="json"), table, data_hash, tuned_lr or {}))
     return runs
 
 
@@ -210,7 +217,7 @@ def _calibration_record(study: Study, scale: str, table: ThroughputTable) -> dic
 
 
 def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: ThroughputTable,
-                 data_hash: str | None) -> list[RunSpec]:
+                 data_hash: str | None, tuned_lr: dict[tuple[str, str], float]) -> list[RunSpec]:
     """Every run of one corpus: per scale, the reference budget, then each variant's."""
     runs: list[RunSpec] = []
     # MQAR brings its own vocabulary (no tokenizer); text corpora use the tokenizer's.
@@ -219,7 +226,7 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
     for scale in study.scales:
         base = _scale_recipe(study, scale, mqar)
         tps = base.tokens_per_step
-        configs = {v.name: build_config(scale, v.model_variant, vocab_size=vocab, seq_len=base.seq_len, **v.options)
+        configs = {v.name: scale_config(study, scale, v.model_variant, vocab_size=vocab, seq_len=base.seq_len, **v.options)
                    for v in study.variants}
         counts = {name: count_model(cfg) for name, cfg in configs.items()}
         ref = counts[study.reference]
@@ -241,7 +248,7 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
                 for e in multipliers:
                     steps = _steps_for(d_v * e, tps)
                     train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps)),
-                                                    "lr": v.lr or base.lr})
+                                                    "lr": tuned_lr.get((v.name, scale)) or v.lr or base.lr})
                     runs.append(_run_spec(study, corpus_name, corpus, v, scale, seed, e, configs[v.name].model_dump(),
                                           counts[v.name], steps, train, eval_every, extra))
     return runs

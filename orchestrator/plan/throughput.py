@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.plan.spec import Study
 
@@ -37,20 +37,26 @@ def calibration_path(study: Study) -> Path:
     return study.workdir_path / CALIBRATION_FILE
 
 
-def save_calibration(study: Study, table: ThroughputTable) -> Path:
-    """Write the table atomically (temp file, then rename); returns its path."""
+def save_calibration(study: Study, table: ThroughputTable, details: dict[str, Any] | None = None) -> Path:
+    """Write ``{"tokens_per_s": table, **details}`` atomically (temp file, then rename);
+    ``details``: how it was measured (``orchestrator.run.calibrate.Calibration.details``:
+    spread per entry, samples, load average, repeats). Returns the file's path."""
     p = calibration_path(study)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(table, indent=2, sort_keys=True))
+    tmp.write_text(json.dumps({"tokens_per_s": table, **(details or {})}, indent=2, sort_keys=True))
     os.replace(tmp, p)
     return p
 
 
 def load_calibration(study: Study) -> ThroughputTable | None:
-    """The saved table, or None when the study was never calibrated."""
+    """The saved table (``tokens_per_s``; a file of an older version is the bare table), or
+    None when the study was never calibrated."""
     p = calibration_path(study)
-    return json.loads(p.read_text()) if p.is_file() else None
+    if not p.is_file():
+        return None
+    data = json.loads(p.read_text())
+    return data["tokens_per_s"] if "tokens_per_s" in data else data
 
 
 def throughput_table(study: Study) -> ThroughputTable | None:

@@ -2,8 +2,9 @@
 
 One Ray task per corpus, all started at once; ``data_pipeline.prepare`` is content-addressed
 and cached, so a task for a corpus already prepared returns at once. ``check_data_fits``
-runs before MLflow is touched: a corpus too small for one window, or with token ids beyond
-the model's vocabulary, leaves no record.
+runs before MLflow is touched: a corpus too small for one window, with token ids beyond the
+model's vocabulary, or whose files changed after the study was planned (its content hash is
+no longer the one in the runs' identity), leaves no record.
 """
 
 from __future__ import annotations
@@ -13,15 +14,10 @@ from typing import Any
 
 import ray
 
+from orchestrator.plan.inputs import CorpusError
 from orchestrator.plan.planner import RunSpec
 
-
-class CorpusError(ValueError):
-    """A corpus that cannot feed the study's runs; ``corpus_name`` says which."""
-
-    def __init__(self, corpus_name: str, message: str):
-        self.corpus_name = corpus_name
-        super().__init__(f"corpus {corpus_name!r}: {message}")
+__all__ = ["CorpusError", "check_data_fits", "prepare_data"]
 
 
 @ray.remote(num_cpus=1)
@@ -30,12 +26,14 @@ def _prepare_task(corpus: dict, tokenizer: dict, cache_root: str | None) -> dict
 
     p = prepare(CorpusConfig.model_validate(corpus), TokenizerConfig.model_validate(tokenizer), cache_root, progress=False)
     tokens = {split: info["tokens"] for split, info in p.manifest.get("splits", {}).items()}
-    return {"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size, "tokens": tokens}
+    return {"path": p.path, "content_hash": p.content_hash, "tokenizer_hash": p.tokenizer_hash,
+            "vocab_size": p.vocab_size, "tokens": tokens}
 
 
 def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
     """Prepare (or find cached) each corpus the runs need, one Ray task per corpus, all at
-    once; returns corpus name -> {path, content_hash, vocab_size, tokens (per split)}.
+    once; returns corpus name -> {path, content_hash, tokenizer_hash (sha256 of the
+    tokenizer model; empty for mqar), vocab_size, tokens (per split)}.
 
     Raises:
         CorpusError: a corpus cannot be prepared (the task's DataError, re-raised here).
@@ -57,14 +55,17 @@ def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
 
 
 def check_data_fits(runs: list[RunSpec], datasets: dict[str, dict[str, Any]]) -> None:
-    """Every run's corpus holds at least one training window and one validation window, and
-    its token ids fit the model's vocabulary.
+    """Every run's corpus is the data it was planned with (same content hash), holds at least
+    one training window and one validation window, and its token ids fit the model's vocabulary.
 
     Raises:
         CorpusError: naming the corpus, the split and the setting (train.seq_len, vocab).
     """
     for r in runs:
         d = datasets[r.corpus_name]
+        if r.data_hash is not None and r.data_hash != d["content_hash"]:
+            raise CorpusError(r.corpus_name, f"its files changed after the study was planned (content hash "
+                                             f"{r.data_hash} planned, {d['content_hash']} prepared): run it again")
         need = r.train.seq_len + 1
         for split, n in d.get("tokens", {}).items():
             if n < need:

@@ -133,6 +133,9 @@ def sweeping(log: Callable[[str], None], interval_s: float = 5.0, roots: list[Pa
     DeepSpeed start-up: a peer killed mid-build is then noticed while this process waits on its
     lock). ``log`` receives each removal message."""
     stop = threading.Event()
+    # Resolved here, not in the thread: its first import of torch.utils.cpp_extension, racing
+    # DeepSpeed's imports in the caller's thread, deadlocked on the import locks (seen: rank 1 hung).
+    roots = extension_roots() if roots is None else roots
 
     def sweep() -> None:
         while True:

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from orchestrator.plan.planner import RunSpec
+from orchestrator.run.leasing import run_leases
 from orchestrator.run.placement import worker_resources
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status, set_status
 
@@ -60,9 +61,11 @@ def make_packs(order: list[RunSpec], todo_ids: set[str]) -> list[Pack]:
 
 
 def pack_items(pack: Pack, datasets: dict[str, dict[str, Any]], mlflow_ids: dict[str, str]) -> list[dict[str, Any]]:
-    """What ``fit_pack`` hands the workers: [{run (as JSON), data_path, mlflow_run_id}] per run."""
+    """What ``fit_pack`` hands the workers: [{run (as JSON), data_path, data_hash (the prepared
+    data's content hash), mlflow_run_id}] per run."""
     return [{"run": r.model_dump(mode="json"), "data_path": datasets[r.corpus_name]["path"],
-             "mlflow_run_id": mlflow_ids[r.run_id]} for r in pack.runs]
+             "data_hash": datasets[r.corpus_name]["content_hash"], "mlflow_run_id": mlflow_ids[r.run_id]}
+            for r in pack.runs]
 
 
 def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None):
@@ -107,8 +110,16 @@ def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dic
 def fit_pack(name: str, items: list[dict], tracking_uri: str, storage_path: str,
              board: str | None) -> dict[str, dict[str, str]]:
     """Owns one pack's TorchTrainer; ``items``: ``pack_items``. Returns {run_id: {status,
-    reason}}. Any failure is recorded in MLflow, never raised."""
+    reason}}. Any failure is recorded in MLflow, never raised. Each run's lease is held while
+    the pack trains (``run.leasing``); a run whose lease another live pack holds is not
+    trained here and comes back ``held``, with the holder in its reason."""
     os.environ.setdefault(_HEALTH_CHECK_ENV, _HEALTH_CHECK_S)  # Ray Train hands it to its controller
+    with run_leases(items, storage_path) as (mine, held):
+        return {**(_fit(name, mine, tracking_uri, storage_path, board) if mine else {}), **held}
+
+
+def _fit(name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None) -> dict[str, dict[str, str]]:
+    """Fit the pack's trainer on ``items`` and read each run's outcome back (``_outcomes``)."""
     trainer = _trainer(name, items, tracking_uri, storage_path, board)
     crash = ""
     try:

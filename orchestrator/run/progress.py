@@ -33,11 +33,22 @@ def board_name(study: str) -> str:
     return f"qkstudy-progress-{study}"
 
 
+def on_driver_node() -> Any:
+    """Ray scheduling strategy pinning a zero-CPU task or actor to the driver's node. Without
+    it Ray may place one on a worker node, and losing that node (preemption, a killed
+    container) would take the study's driver down with it instead of one retried run."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
 def get_board(study: str, namespace: str = "qkstudy"):
-    """The study's board actor (created on first use; detached from no one: it lives with the job)."""
+    """The study's board actor (created on first use, on the driver's node; detached from no
+    one: it lives with the job)."""
     # Ray's decorator types the class as itself, without the actor class's .options.
     return ProgressBoard.options(  # type: ignore[attr-defined]
-        name=board_name(study), namespace=namespace, get_if_exists=True).remote()
+        name=board_name(study), namespace=namespace, get_if_exists=True,
+        scheduling_strategy=on_driver_node()).remote()
 
 
 def report_progress(board_name_: str | None, run_id: str, **fields: Any) -> None:

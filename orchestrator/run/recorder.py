@@ -5,12 +5,25 @@ same points of the loop; on other ranks they do nothing. That keeps the loop fre
 branches and puts every MLflow write of a run in one place. Step = tokens seen; points at
 steps MLflow already holds (a resume recomputes the steps after its checkpoint) are dropped
 by the ``MetricBuffer``, so no step is logged twice.
+
+Beside the metrics: the run's training data as an MLflow dataset input (``log_training_data``)
+and MLflow's system metrics (``system/cpu_utilization_percentage``, ``system/system_memory_usage_megabytes``,
+disk, network, and GPU ones where ``pynvml`` finds a GPU) of rank 0's machine, sampled every
+10 s (``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``) by ``mlflow.system_metrics``'s monitor while
+the run trains. Their step is the monitor's sample count, not tokens (MLflow's convention).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from orchestrator.plan.planner import RunSpec
 from orchestrator.run.mfu import device_peak_flops, mfu
@@ -31,17 +44,35 @@ def _ppl(val_loss: float) -> float:
     return math.exp(min(val_loss, 50.0))
 
 
+DIGEST_CHARS = 36  # MLflow's dataset digest column (MAX_DATASET_DIGEST_SIZE)
+
+
+def log_training_data(client: MlflowClient, mlflow_run_id: str, name: str, path: str, content_hash: str) -> None:
+    """Record the prepared corpus as the run's training input (``mlflow.log_input``'s entities):
+    name = the corpus's name in the study, digest = its manifest's content hash cut to MLflow's
+    36 characters (the whole hash is in the profile and the run's ``data_hash`` param), source =
+    the prepared folder or URI (source type: ``local`` or the URI's scheme). Logging the same
+    dataset again (a resumed run) adds nothing."""
+    scheme = urlsplit(path).scheme if "://" in path else ""
+    ds = Dataset(name=name, digest=content_hash[:DIGEST_CHARS], source_type=scheme or "local",
+                 source=json.dumps({"uri": path}), profile=json.dumps({"content_hash": content_hash}))
+    client.log_inputs(mlflow_run_id, [DatasetInput(ds, [InputTag(MLFLOW_DATASET_CONTEXT, "training")])])
+
+
 class Recorder:
     """One run's writes on rank 0 (``active``); a no-op on the other ranks.
 
     ``devices`` is the run's worker count (for MFU: peak FLOP/s x devices). Create it after
     the checkpoint is restored: ``mlflow_run_id`` must be the run the checkpoint was writing.
+    ``data``: (corpus name, prepared path, content hash) of the training data, logged as the
+    run's dataset input at ``start`` when given.
     """
 
     def __init__(self, run: RunSpec, tracking_uri: str, mlflow_run_id: str, board: str | None, *,
-                 active: bool, devices: int):
+                 active: bool, devices: int, data: tuple[str, str, str | None] | None = None):
         self.run, self.mlflow_run_id, self.board, self.active = run, mlflow_run_id, board, active
-        self.tps = run.train.tokens_per_step
+        self.tps, self.tracking_uri, self.data = run.train.tokens_per_step, tracking_uri, data
+        self.sysmon: Any = None  # mlflow's SystemMetricsMonitor while the run trains (imported at start)
         if not active:
             return
         self.client = client_for(tracking_uri)
@@ -55,6 +86,12 @@ class Recorder:
         if not self.active:
             return
         set_status(self.client, self.mlflow_run_id, STATUS_RUNNING)
+        if self.data and self.data[2]:
+            log_training_data(self.client, self.mlflow_run_id, self.data[0], self.data[1], self.data[2])
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self.sysmon = SystemMetricsMonitor(self.mlflow_run_id, tracking_uri=self.tracking_uri, resume_logging=step > 0)
+        self.sysmon.start()
         if step:
             restarts = int(self.client.get_run(self.mlflow_run_id).data.tags.get("restarts", "0")) + 1
             self.client.set_tag(self.mlflow_run_id, "restarts", str(restarts))
@@ -77,14 +114,27 @@ class Recorder:
         self.metrics.add(point, tokens)
         report_progress(self.board, r.run_id, tokens=tokens, planned=r.tokens, loss=loss, state="running")
 
-    def eval_point(self, step: int, val_loss: float, diagnostics: dict[str, float], final: bool) -> None:
-        """Log the validation loss (nats/token), its perplexity and the attention diagnostics;
-        ``final`` also logs them as ``final/*`` (the full validation pass). Flushes."""
+    def eval_point(self, step: int, val_loss: float, diagnostics: dict[str, float],
+                   accuracy: float | None = None) -> None:
+        """Log a curve point: the validation loss (nats/token) on the run's fixed curve windows,
+        its perplexity, the attention diagnostics and, for labelled corpora (MQAR),
+        ``val/accuracy`` (fraction of labelled positions whose argmax is the target). Flushes."""
         if not self.active:
             return
         point = {"val/loss": val_loss, "val/ppl": _ppl(val_loss), **diagnostics}
-        if final:
-            point.update({"final/val_loss": val_loss, "final/val_ppl": _ppl(val_loss)})
+        if accuracy is not None:
+            point["val/accuracy"] = accuracy
+        self.metrics.add(point, step * self.tps)
+        self.metrics.flush()
+
+    def final_point(self, step: int, val_loss: float, accuracy: float | None = None) -> None:
+        """Log the final pass (the curve's windows plus the ones it adds) as ``final/val_loss``,
+        ``final/val_ppl`` and, for labelled corpora, ``final/val_accuracy``. Flushes."""
+        if not self.active:
+            return
+        point = {"final/val_loss": val_loss, "final/val_ppl": _ppl(val_loss)}
+        if accuracy is not None:
+            point["final/val_accuracy"] = accuracy
         self.metrics.add(point, step * self.tps)
         self.metrics.flush()
 
@@ -106,5 +156,7 @@ class Recorder:
             return
         tokens = step * self.tps
         self.metrics.flush()
+        if self.sysmon is not None:
+            self.sysmon.finish()  # flushes its last samples while the run is still RUNNING
         set_status(self.client, self.mlflow_run_id, status, reason=reason, tokens=tokens)
         report_progress(self.board, self.run.run_id, tokens=tokens, planned=self.run.tokens, state=status)

@@ -34,9 +34,10 @@ from orchestrator.plan.inputs import plan_study
 from orchestrator.plan.planner import RunSpec
 from orchestrator.plan.spec import Study
 from orchestrator.run.data import check_data_fits, prepare_data
+from orchestrator.run.leasing import study_lease
 from orchestrator.run.packing import Pack, fit_pack, launch_order, make_packs, pack_items
 from orchestrator.run.placement import alive_nodes, capacity, unschedulable_reason
-from orchestrator.run.progress import board_name, get_board
+from orchestrator.run.progress import board_name, get_board, on_driver_node
 from orchestrator.run.progress_view import StudyProgress
 from orchestrator.run.register import (
     existing_runs,
@@ -44,6 +45,7 @@ from orchestrator.run.register import (
     finished_on,
     mark_superseded,
     run_params,
+    runs_kind,
     supersede_replaced,
 )
 from orchestrator.track.tracking import (
@@ -82,13 +84,14 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
 
 
 def run_study(study: Study, *, address: str | None = None, console: Console | None = None,
-              verbose: bool = False, max_in_flight: int | None = None) -> StudyResult:
+              verbose: bool = False, max_in_flight: int | None = None, wait: bool = False) -> StudyResult:
     """Train every planned run of ``study`` that is not already finished.
 
     Args:
         address: Ray cluster address (else RAY_ADDRESS, else a local Ray).
         max_in_flight: runs handed to Ray at once (default: as many as the cluster holds at
             once); Ray decides where each run's workers go.
+        wait: when another driver holds the study's lease, wait for it (``run.leasing``).
 
     Returns:
         StudyResult with every run's final state (also in MLflow, which is the record).
@@ -97,23 +100,37 @@ def run_study(study: Study, *, address: str | None = None, console: Console | No
         orchestrator.run.data.CorpusError: see ``run_runs``; also a corpus whose files cannot
             be read to compute its content hash.
     """
+    if study.tune is not None:  # tuning runs first, then the main runs at the chosen LRs
+        from orchestrator.run.tuning_stage import run_tuned_study
+
+        return run_tuned_study(study, address=address, console=console, verbose=verbose,
+                               max_in_flight=max_in_flight, wait=wait)
     return run_runs(plan_study(study), study.name, study_tracking_uri(study),
                     study.resolved_storage_path, address=address, console=console, verbose=verbose,
-                    max_in_flight=max_in_flight)
+                    max_in_flight=max_in_flight, wait=wait)
 
 
 def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_path: str, *,
              address: str | None = None, console: Console | None = None, verbose: bool = False,
-             max_in_flight: int | None = None) -> StudyResult:
-    """Schedule ``runs`` (all of one study) on Ray; see ``run_study``.
+             max_in_flight: int | None = None, wait: bool = False) -> StudyResult:
+    """Schedule ``runs`` (all of one study) on Ray, holding the study's lease throughout (taken
+    before MLflow is read or Ray starts, released on return); see ``run_study``.
 
     ``qkstudy train RUN.yaml`` calls this with one run: the same code path as a study.
 
     Raises:
+        orchestrator.run.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
         orchestrator.run.data.CorpusError: a corpus cannot be prepared or cannot feed the runs (nothing is
             written to MLflow then).
     """
     console = console or Console(stderr=True)
+    with study_lease(study_name, storage_path, console, wait=wait):
+        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight)
+
+
+def _run_leased(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_path: str, address: str | None,
+                console: Console, verbose: bool, max_in_flight: int | None) -> StudyResult:
+    """``run_runs`` once the study's lease is held."""
     t0 = time.time()
     result = StudyResult()
     console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {redact_uri(tracking_uri)}")
@@ -147,7 +164,7 @@ def _register(runs: list[RunSpec], study_name: str, tracking_uri: str, datasets:
     unschedulable ones, queue the rest under their MLflow run (resumed, or created; a record
     the plan replaced is marked superseded, ``run.register``). Returns [(run, MLflow run id)]
     to train."""
-    client, exp_id, existing = existing_runs(tracking_uri, study_name)
+    client, exp_id, existing = existing_runs(tracking_uri, study_name, runs_kind(runs))
     supersede_replaced(client, existing, runs, datasets, console)
     todo: list[tuple[RunSpec, str]] = []
     for run in runs:
@@ -212,7 +229,9 @@ def _launch_and_watch(study_name: str, plan_order: list[RunSpec], todo: list[tup
     with StudyProgress(study_name, launch_order([r for r, _ in todo]), console) as view:
 
         def launch(pack: Pack) -> ray.ObjectRef:
-            return fit_pack.remote(pack.name, pack_items(pack, datasets, mlflow_ids), uri, storage, bname)
+            # On the driver's node: the pack's trainer (and Ray Train's controller) outlive a worker node.
+            return fit_pack.options(scheduling_strategy=on_driver_node()).remote(
+                pack.name, pack_items(pack, datasets, mlflow_ids), uri, storage, bname)
 
         def on_done(pack: Pack, outs: dict[str, Any]) -> None:
             crashed = "status" in outs  # the pack's task itself died: one result for all its runs

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import shlex
+import string
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,12 +34,13 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from orchestrator.plan.spec import SpecError, Study, load_spec
+from orchestrator.track.lease import JOB_ID_ENV
 from orchestrator.track.tracking import redact_uri
 
 # Never uploaded: environments, local state, VCS metadata.
 EXCLUDES = [".venv/", "runs/", ".git/", "**/__pycache__/", "*.egg-info/", ".pytest_cache/", "reports/", "mlruns/"]
-# Forwarded to the job when set here: where shards are cached and how Ray logs (no secrets).
-FORWARDED_ENV = ("QKSTUDY_CACHE",)
+# Forwarded to the job when set here: where shards are cached, the watchdog's bounds (no secrets).
+FORWARDED_ENV = ("QKSTUDY_CACHE", "QKSTUDY_WATCHDOG")
 AGENT_WAIT_S = 120
 
 
@@ -176,7 +179,9 @@ def build_job(spec_path: str | Path, address: str, *, allow_insecure: bool = Fal
             at the same absolute path (shared storage): nothing is uploaded.
 
     Returns:
-        {"address", "entrypoint", "runtime_env", "metadata", "study"}.
+        {"address", "entrypoint", "runtime_env", "metadata", "study", "submission_id"}: the
+        job's id is chosen here (Ray's ``raysubmit_`` form) and set in the job's environment as
+        ``QKSTUDY_RAY_JOB_ID``, so the study's lease names the job that holds it.
 
     Raises:
         SpecError: the spec does not validate, lies outside the working dir, or (unless
@@ -200,11 +205,10 @@ def build_job(spec_path: str | Path, address: str, *, allow_insecure: bool = Fal
     else:
         rel = spec_abs
     entrypoint = shell_join(["python", "-m", "orchestrator.cli", "run", rel.as_posix()])
-    env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
-    if env:
-        runtime_env["env_vars"] = env
+    job_id = "raysubmit_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(16))
+    runtime_env["env_vars"] = {**{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}, JOB_ID_ENV: job_id}
     return {"address": addr, "entrypoint": entrypoint, "runtime_env": runtime_env,
-            "metadata": {"study": study.name, "spec": rel.as_posix()}, "study": study.name}
+            "metadata": {"study": study.name, "spec": rel.as_posix()}, "study": study.name, "submission_id": job_id}
 
 
 def submit(spec_path: str | Path, address: str, *, allow_insecure: bool = False, allow_ephemeral: bool = False,
@@ -219,7 +223,8 @@ def submit(spec_path: str | Path, address: str, *, allow_insecure: bool = False,
     deadline = time.time() + AGENT_WAIT_S
     while True:
         try:
-            return client.submit_job(entrypoint=job["entrypoint"], runtime_env=job["runtime_env"], metadata=job["metadata"])
+            return client.submit_job(entrypoint=job["entrypoint"], runtime_env=job["runtime_env"], metadata=job["metadata"],
+                                     submission_id=job["submission_id"])
         except RuntimeError as e:
             if "No available agent" not in str(e) or time.time() > deadline:
                 raise

@@ -10,6 +10,15 @@ FailureConfig, or the study resubmitted under the same run name) the loop loads 
 checkpoint itself and continues the same MLflow run; points at steps already in MLflow are
 dropped, so no step is logged twice. A non-finite loss or gradient norm ends the run as
 failed (reason and tokens in MLflow) without raising, so Ray does not retry a divergence.
+
+Evaluation: one fixed validation subset per run, the same for any worker count
+(``TokenLoader.eval_windows``: one fixed order, nested prefixes). Every curve point
+(``val/*``) reads its first ``eval_max_windows`` windows; the final pass (``final/*``) reads
+the first ``max(final_max_windows, eval_max_windows)`` (all windows when
+``final_max_windows`` is None), i.e. the curve's windows plus more, so a spec asking for a
+smaller final pass gets the curve's. The last step logs both: its curve point is comparable
+with the others, its final pass is the larger sample. MQAR-style corpora (``labelled``)
+also log ``val/accuracy`` and ``final/val_accuracy``: argmax = target on labelled positions.
 """
 
 from __future__ import annotations
@@ -19,16 +28,18 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from orchestrator.plan.planner import RunSpec
+from orchestrator.run.ext_lock import sweeping
 from orchestrator.run.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
 from orchestrator.run.recorder import Recorder
+from orchestrator.run.stall import WorkerGuard, block_hook_from_env, chain_hooks, worker_log
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status
 
 # Fault injection for the resume tests: the worker process dies hard (as a preempted node
@@ -72,12 +83,15 @@ class _Dist:
 
 class RunLoop:
     """One worker's share of a run. ``rank``/``world_size`` come from the Ray Train context;
-    ``step_hook`` (fault injection in tests) runs before every optimizer step when given."""
+    ``step_hook`` (fault injection in tests) runs before every optimizer step when given;
+    ``data_hash`` is the prepared data's content hash (a checkpoint of the same run on other
+    data is never resumed); ``guard`` the process's watchdog (``run.stall``; none: unwatched)."""
 
     def __init__(self, run: RunSpec, data_path: str, tracking_uri: str, mlflow_run_id: str,
-                 rank: int, world_size: int, board: str | None = None, step_hook: StepHook | None = None):
+                 rank: int, world_size: int, board: str | None = None, step_hook: StepHook | None = None,
+                 data_hash: str | None = None, guard: WorkerGuard | None = None):
         self.run, self.rank, self.world = run, rank, world_size
-        self.step_hook = step_hook
+        self.step_hook, self.data_hash, self.guard = step_hook, data_hash, guard or WorkerGuard(rank, tracking_uri)
         self.data_path, self.tracking_uri, self.mlflow_run_id, self.board = data_path, tracking_uri, mlflow_run_id, board
         self.dist = _Dist()
         self.on_gpu = torch.cuda.is_available() and run.resources.gpus_per_worker > 0
@@ -100,9 +114,10 @@ class RunLoop:
         schedule = lambda step: lr_multiplier(step, r.steps, t.warmup_steps, t.schedule, t.min_lr_ratio, t.decay_fraction)  # noqa: E731
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         cfg = deepspeed_config(self.geom, r.resources.zero_stage, t.grad_clip, self.on_gpu)
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg, dist_init_required=False
-        )
+        with sweeping(worker_log):  # a lock left by a killed op build would hang this forever (run.ext_lock)
+            self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg, dist_init_required=False
+            )
         self.device = self.engine.device
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.on_gpu else nullcontext()
 
@@ -118,6 +133,8 @@ class RunLoop:
             state = json.loads((Path(d) / STATE_FILE).read_text())
             if state.get("run_id") != self.run.run_id:  # another run of the same pack
                 return fresh
+            if self.data_hash is not None and state.get("data_hash", self.data_hash) != self.data_hash:
+                return fresh  # this run on other data (an id planned without the data): start over
             from orchestrator.run.checkpoint import load_engine_checkpoint  # weights-only: storage is shared
 
             load_engine_checkpoint(self.engine, d, CKPT_TAG)
@@ -127,7 +144,10 @@ class RunLoop:
         return state
 
     # -- pieces of a step ----------------------------------------------------------------
-    def _train_step(self, step: int) -> tuple[float, float]:
+    def _train_step(self, step: int) -> tuple[float, float, float]:
+        """One optimizer step over the step's global batch: (mean loss over ranks, global
+        gradient norm, the learning rate this step's update used)."""
+        lr = self.scheduler.get_last_lr()[0]  # the engine steps the scheduler after the update
         x, y = self.train_loader.xy(step, self.rank, self.world)
         mb = self.geom.micro_batch
         losses = []
@@ -147,25 +167,17 @@ class RunLoop:
         (loss_sum,) = self.dist.sum([sum(losses) / len(losses)], self.device)
         gn = self.engine.get_global_grad_norm()
         grad_norm = float(gn) if gn is not None else own_norm if own_norm is not None else float("nan")
-        return loss_sum / self.world, grad_norm
+        return loss_sum / self.world, grad_norm, lr
 
-    @torch.no_grad()
-    def _evaluate(self, max_windows: int | None) -> float:
-        """Mean val loss (nats/token) over the fixed val subset, split evenly over ranks."""
+    def _evaluate(self, max_windows: int | None, start: int = 0) -> list[float]:
+        """``eval_sums`` over the val windows ``eval_windows(max_windows)[start:]``, this rank's
+        share (every world-th window, padded so every rank runs the same batches: ZeRO-3
+        forwards are collective), summed over ranks: [loss sum, labelled positions, correct]."""
         self.engine.eval()
-        n_windows = self.val_loader.num_windows if max_windows is None else min(max_windows, self.val_loader.num_windows)
-        n_windows -= n_windows % self.world  # equal work per rank: ZeRO-3 forwards are collective
-        total, count = 0.0, 0.0
-        for x, y in _rank_slice(self.val_loader.eval_xy(n_windows, self.geom.micro_batch * self.world), self.rank, self.world):
-            x, y = x.to(self.device), y.to(self.device)
-            with self.autocast:
-                _, loss = self.engine(x, y)
-            n = float((y != -100).sum())
-            total += float(loss) * n
-            count += n
-        total, count = self.dist.sum([total, count], self.device)
+        batches = self.val_loader.eval_xy(max_windows, self.geom.micro_batch, self.rank, self.world, start)
+        sums = eval_sums(self.engine, batches, self.device, self.autocast, accuracy=self.val_loader.labelled)
         self.engine.train()
-        return total / max(count, 1.0)
+        return self.dist.sum(sums, self.device)
 
     @torch.no_grad()
     def _diagnostics(self) -> dict[str, float]:
@@ -196,7 +208,7 @@ class RunLoop:
         (ray.train.report copying it to the study's storage)} for rank 0 to log."""
         import ray.train
 
-        with tempfile.TemporaryDirectory(prefix="qkstudy-ckpt-") as d:
+        with self.guard.section("checkpoint"), tempfile.TemporaryDirectory(prefix="qkstudy-ckpt-") as d:
             t0 = time.perf_counter()
             self.engine.save_checkpoint(d, tag=CKPT_TAG)
             if self.rank == 0:
@@ -214,21 +226,25 @@ class RunLoop:
     # -- the loop --------------------------------------------------------------------------
     def run_loop(self) -> str:
         """Train to the planned budget; returns the final status (finished / failed)."""
-        ended = self._ended_earlier()
-        if ended:
-            return ended
-        self._build()
-        state = self._restore()
+        self.guard.loop = self
+        with self.guard.section("startup"):
+            ended = self._ended_earlier()
+            if ended:
+                return ended
+            self._build()
+            state = self._restore()
         r = self.run
-        rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world)
+        self.rec = rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world,
+                       data=(r.corpus_name, self.data_path, self.data_hash))
         rec.start(state["step"])
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         self.engine.train()
         while step < r.steps:
-            if self.step_hook:
-                self.step_hook(step)
-            t0 = time.perf_counter()
-            loss, grad_norm = self._train_step(step)
+            with self.guard.section("step"):
+                if self.step_hook:
+                    self.step_hook(step)
+                t0 = time.perf_counter()
+                loss, grad_norm, lr = self._train_step(step)
             step += 1
             wall_s += time.perf_counter() - t0
             reason = _divergence(loss, grad_norm, step, step * r.train.tokens_per_step)
@@ -238,24 +254,39 @@ class RunLoop:
             is_last = step == r.steps
             is_eval = step % r.eval_every_steps == 0 or is_last
             if step % r.train.log_every_steps == 0 or is_eval:
-                rec.train_point(step, loss, grad_norm, self.scheduler.get_last_lr()[0], wall_s)
+                rec.train_point(step, loss, grad_norm, lr, wall_s)
             if is_eval:
                 evals += 1
-                self._eval_step(rec, step, wall_s, evals, is_last)
+                with self.guard.section("eval"):
+                    self._eval_step(rec, step, wall_s, evals, is_last)
+        with self.guard.section("checkpoint"):  # every rank: ZeRO-3 gathers are collective
+            from orchestrator.run.final_weights import save_final_weights
+
+            save_final_weights(self.engine, r.model, self.tracking_uri, self.mlflow_run_id, zero_stage=r.resources.zero_stage,
+                               rank=self.rank, step=step, tokens=step * r.train.tokens_per_step)
         rec.finished(step)
         return STATUS_FINISHED
 
     def _eval_step(self, rec: Recorder, step: int, wall_s: float, evals: int, is_last: bool) -> None:
-        """Evaluate (the full validation pass when ``is_last``), log it, and checkpoint every
+        """Evaluate the curve's windows (and, when ``is_last``, the final pass: those plus the
+        windows it adds, module docstring), log it, and checkpoint every
         ``checkpoint_every_evals`` evals (never after the last step: the run is done)."""
         r = self.run
-        val = self._evaluate(r.final_max_windows if is_last else r.eval_max_windows)
+        labelled = self.val_loader.labelled
+        curve = self._evaluate(r.eval_max_windows)
+        val, acc = _val_metrics(curve, labelled)
         diag = self._diagnostics() if r.diagnostics else {}
-        rec.eval_point(step, val, diag, final=is_last)
+        rec.eval_point(step, val, diag, accuracy=acc)
+        if is_last:
+            final = curve
+            if r.final_max_windows is None or r.final_max_windows > r.eval_max_windows:
+                added = self._evaluate(r.final_max_windows, start=r.eval_max_windows)
+                final = [a + b for a, b in zip(curve, added)]
+            rec.final_point(step, *_val_metrics(final, labelled))
         if not is_last and evals % r.checkpoint_every_evals == 0:
             tokens = step * r.train.tokens_per_step
             state = {"step": step, "wall_s": wall_s, "evals": evals, "tokens": tokens,
-                     "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id}
+                     "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id, "data_hash": self.data_hash}
             rec.checkpoint_point(step, self._checkpoint(state, {"tokens": tokens, "val_loss": val}))
 
 
@@ -283,13 +314,40 @@ def _grad_norm(module: torch.nn.Module) -> float:
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
-def _rank_slice(batches: Iterator[tuple[torch.Tensor, torch.Tensor]], rank: int, world: int):
-    """Each rank takes every world-th row of every global eval batch (equal counts per rank)."""
+@torch.no_grad()
+def eval_sums(model: Callable[..., Any], batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+              autocast: AbstractContextManager[Any] | None = None, accuracy: bool = False) -> list[float]:
+    """[loss sum (nats), labelled positions, correct predictions] of ``model`` over ``batches``.
+
+    ``model(x, y)`` returns (logits [B, T, V], loss) with loss the mean cross-entropy over the
+    positions where y != -100 (``model.gpt.GPT``: ``F.cross_entropy(..., ignore_index=-100)``),
+    so each batch's loss is weighted by its labelled count; a batch with none (all padding rows,
+    loss NaN) adds nothing. ``correct`` (argmax = target on labelled positions,
+    ``model.metrics.token_accuracy``) is computed only when ``accuracy``, else 0. Sums, not
+    means, so ranks add them before dividing once (``_val_metrics``)."""
+    from model.metrics import token_accuracy
+
+    total = count = correct = 0.0
     for x, y in batches:
-        n = x.shape[0] - x.shape[0] % world
-        if n == 0:
-            continue
-        yield x[rank:n:world], y[rank:n:world]
+        x, y = x.to(device), y.to(device)
+        with autocast or nullcontext():
+            logits, loss = model(x, y)
+        n = float((y != -100).sum())
+        if n:
+            total += float(loss) * n
+            count += n
+            correct += float(token_accuracy(logits, y)[0]) if accuracy else 0.0
+    return [total, count, correct]
+
+
+def _val_metrics(sums: list[float], labelled: bool) -> tuple[float, float | None]:
+    """(mean loss in nats per labelled position, accuracy) from ``eval_sums`` totals; the
+    accuracy (fraction of labelled positions predicted right) only for a ``labelled`` corpus
+    (MQAR), else None. A pass with nothing labelled gives (NaN, None): not logged."""
+    total, count, correct = sums
+    if not count:
+        return math.nan, None
+    return total / count, correct / count if labelled else None
 
 
 def _in_ray_train() -> bool:
@@ -317,13 +375,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     ctx = ray.train.get_context()
     first_attempt = ray.train.get_checkpoint() is None  # no checkpoint existed when the group started
-    step_hook = kill_hook_from_env() if first_attempt else None
+    guard = WorkerGuard(ctx.get_world_rank(), config["tracking_uri"]).start()  # one watchdog per process
+    step_hook = chain_hooks(kill_hook_from_env(), block_hook_from_env()) if first_attempt else None
     statuses = []
     for item in config["runs"]:
         loop = RunLoop(RunSpec.model_validate(item["run"]), item["data_path"], config["tracking_uri"],
                        item["mlflow_run_id"], ctx.get_world_rank(), ctx.get_world_size(), config.get("board"),
-                       step_hook=step_hook)
+                       step_hook=step_hook, data_hash=item.get("data_hash"), guard=guard)
         statuses.append(loop.run_loop())
         del loop  # free the engine (weights, optimizer states) before the next run builds its own
         gc.collect()
+    guard.watchdog.stop()
     ray.train.report({"finished": sum(s == STATUS_FINISHED for s in statuses), "runs": len(statuses)})

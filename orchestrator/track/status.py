@@ -1,9 +1,13 @@
-"""Study status from MLflow: one row per run (planned runs not yet started included)."""
+"""Study status from MLflow: one row per run (planned runs not yet started included), with the
+leases from the study's storage: who drives the study, who trains each run, heartbeat ages."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from orchestrator.plan.spec import default_workdir
+from orchestrator.track.lease import DEFAULT_TTL_S, STUDY_LEASE, Holder, read_lease, run_lease_name
 from orchestrator.track.tracking import (
     STATUS_FAILED,
     STATUS_FINISHED,
@@ -11,8 +15,10 @@ from orchestrator.track.tracking import (
     STATUS_RUNNING,
     client_for,
     find_train_runs,
+    named_study_uri,
     run_status,
     sqlite_path,
+    study_tracking_uri,
 )
 
 STATUS_PLANNED = "planned"  # in the plan, not in MLflow yet (a row of this view only, never a tag)
@@ -22,10 +28,51 @@ class StudyNotFound(ValueError):
     """No record of the study in the tracking store (and no spec to list its plan)."""
 
 
+def study_uri(study: str, tracking_uri: str | None = None) -> tuple[str, str]:
+    """(study name, tracking URI) of STUDY given as a spec path or a study name: the spec's
+    store, else ``tracking_uri``, ``MLFLOW_TRACKING_URI`` or the default work dir's. Raises
+    SpecError for a spec that does not validate."""
+    from orchestrator.plan.spec import load_spec
+
+    p = Path(study)
+    if p.suffix in (".yaml", ".yml") or p.is_file():
+        s = load_spec(p)
+        return s.name, tracking_uri or study_tracking_uri(s)
+    return study, named_study_uri(study, tracking_uri)
+
+
+def lease_storage(study: str, spec: Any | None = None) -> str:
+    """Where the study's leases live: its spec's storage, else the default ``runs/<study>/ray``."""
+    return spec.resolved_storage_path if spec is not None else str(default_workdir(study) / "ray")
+
+
+def _holder(storage: str, name: str) -> Holder | None | str:
+    """The lease's live or stale holder, None when free, or why it cannot be read."""
+    try:
+        return read_lease(storage, name)
+    except OSError as e:  # storage not reachable from here (another machine's disk, no credentials)
+        return f"unreadable ({type(e).__name__}: {e})"
+
+
+def describe_holder(h: Holder | None | str) -> str:
+    """One line for a lease holder: who and the heartbeat age, noting one past the ttl."""
+    if h is None or isinstance(h, str):
+        return h or ""
+    stale = f" (over {DEFAULT_TTL_S:g} s: presumed dead, the next driver takes over)" if h.age_s() > DEFAULT_TTL_S else ""
+    return h.describe() + stale
+
+
+def study_lease_line(study: str, spec: Any | None = None) -> str:
+    """``study lease: held by <holder>, heartbeat N s ago`` or ``study lease: free``."""
+    h = _holder(lease_storage(study, spec), STUDY_LEASE)
+    return f"study lease: {'held by ' + describe_holder(h) if isinstance(h, Holder) else describe_holder(h) or 'free'}"
+
+
 def study_status(study: str, tracking_uri: str, spec: Any | None = None) -> list[dict[str, Any]]:
-    """Rows {run_name, run_id, status, tokens, planned_tokens, val_ppl, note} for a study.
+    """Rows {run_name, run_id, status, tokens, planned_tokens, val_ppl, note, lease} for a study.
 
     With the study's spec, planned runs that MLflow does not hold yet appear as ``planned``.
+    ``lease``: who holds the run's lease (the pack that trains it) and its heartbeat age, or ''.
     Reading never creates a store: a missing SQLite file is read as empty.
 
     Raises:
@@ -50,14 +97,14 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None) -> list
             "tokens": int(m["tokens"]) if "tokens" in m else None,
             "planned_tokens": int(p["planned_tokens"]) if "planned_tokens" in p else None,
             "val_ppl": m.get("val/ppl"), "note": t.get("failure_reason", "")[:120],
+            "lease": describe_holder(_holder(lease_storage(study, spec), run_lease_name(run_id))),
         })
     if spec is not None:
-        from orchestrator.plan.planner import plan
-        from orchestrator.plan.throughput import throughput_table
+        from orchestrator.plan.inputs import plan_study
 
-        for run in plan(spec, throughput_table(spec)):
+        for run in plan_study(spec, strict=False):  # ids cover the data, as the runner's do
             if run.run_id not in runs:
                 rows.append({"run_name": run.run_name, "run_id": run.run_id, "status": STATUS_PLANNED, "tokens": None,
-                             "planned_tokens": run.tokens, "val_ppl": None, "note": ""})
+                             "planned_tokens": run.tokens, "val_ppl": None, "note": "", "lease": ""})
     order = {STATUS_RUNNING: 0, STATUS_FAILED: 1, STATUS_QUEUED: 2, STATUS_PLANNED: 3, STATUS_FINISHED: 4}
     return sorted(rows, key=lambda r: (order.get(r["status"], 9), r["run_name"]))

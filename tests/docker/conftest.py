@@ -251,3 +251,15 @@ def mlflow_pg_server(
     finally:
         _stop_group(proc)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> str:
+    """Path of a `docker` CLI whose engine answers; skips (saying how to get one) otherwise."""
+    exe = shutil.which("docker")
+    if exe is None:
+        pytest.skip("no docker CLI (apt-get install docker.io; .ci/run does)")
+    res = subprocess.run([exe, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=60)
+    if res.returncode != 0:
+        pytest.skip(f"the Docker engine does not answer ({res.stderr.strip()[:200]}): start dockerd (.ci/run does)")
+    return exe

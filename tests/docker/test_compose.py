@@ -1,6 +1,8 @@
-"""docker/compose.yaml validated by a real compose implementation (`docker compose` plugin or
-Debian's `docker-compose`), rendered with docker/.env.example, then checked for the stack's
-shape and secure defaults (loopback-only ports, secrets only from the env file)."""
+"""docker/compose.yaml (+ compose.gpu.yaml) validated by a real compose implementation (`docker
+compose` plugin or Debian's `docker-compose`), rendered with docker/.env.example, then checked
+for the stack's shape and secure defaults: loopback-only ports, secrets only from the env file
+and each container holding only the secrets it uses, one init per container, the shared volume
+at the paths the jobs/ specs use. (tests/docker/test_stack.py runs the stack for real.)"""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "compose.yaml"
+GPU = DOCKER / "compose.gpu.yaml"
 ENV_EXAMPLE = DOCKER / ".env.example"
-SECRET_VARS = ("MLFLOW_TRACKING_PASSWORD", "POSTGRES_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
-               "RAY_AUTH_TOKEN")
+SECRET_VARS = ("MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD", "POSTGRES_PASSWORD",
+               "MLFLOW_FLASK_SERVER_SECRET_KEY", "RAY_AUTH_TOKEN")
+RAY_NODES = ("ray-head", "ray-worker")
 
 
 def compose_command() -> list[str] | None:
@@ -46,13 +50,12 @@ def read_env(path: Path) -> dict[str, str]:
     return pairs
 
 
-def render(compose: list[str], env_file: Path) -> subprocess.CompletedProcess:
+def render(compose: list[str], env_file: Path, *files: Path) -> subprocess.CompletedProcess:
     # A bare environment: nothing from the caller's shell may fill in a variable.
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
-    return subprocess.run(
-        [*compose, "--env-file", str(env_file), "-f", str(COMPOSE), "config"],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=60,
-    )
+    args = [a for f in (files or (COMPOSE,)) for a in ("-f", str(f))]
+    return subprocess.run([*compose, "--env-file", str(env_file), *args, "config"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
 
 
 def published(service: dict) -> list[tuple[str, int]]:
@@ -67,6 +70,15 @@ def published(service: dict) -> list[tuple[str, int]]:
     return out
 
 
+def mounts(service: dict) -> dict[str, str]:
+    """{target: source} of a service's volumes (short and long syntax)."""
+    out = {}
+    for v in service.get("volumes", []):
+        source, target = (v.split(":")[:2] if isinstance(v, str) else (v["source"], v["target"]))
+        out[target] = source
+    return out
+
+
 @pytest.fixture(scope="module")
 def config(compose: list[str]) -> dict:
     result = render(compose, ENV_EXAMPLE)
@@ -75,14 +87,18 @@ def config(compose: list[str]) -> dict:
 
 
 def test_stack_services(config: dict) -> None:
-    assert set(config["services"]) == {"ray-head", "ray-worker", "mlflow", "postgres"}
+    assert set(config["services"]) == {"ray-head", "ray-worker", "mlflow", "mlflow-users", "postgres"}
+    images = {name: svc["image"] for name, svc in config["services"].items()}
+    assert images == {"ray-head": "qkstudy:latest", "ray-worker": "qkstudy:latest", "mlflow": "qkstudy-mlflow:latest",
+                      "mlflow-users": "qkstudy-mlflow:latest", "postgres": "qkstudy-postgres:latest"}
+    # Built by `make images` (legacy builder, BASE_IMAGE), never by compose with other arguments.
+    assert not any("build" in svc for svc in config["services"].values())
 
 
 def test_ports_bind_to_loopback_by_default(config: dict) -> None:
     ports = {name: published(svc) for name, svc in config["services"].items()}
-    assert ports["ray-head"] == [("127.0.0.1", 8265)]
-    assert ports["mlflow"] == [("127.0.0.1", 5000)]
-    assert ports["postgres"] == [] and ports["ray-worker"] == []
+    assert ports == {"ray-head": [("127.0.0.1", 8265)], "mlflow": [("127.0.0.1", 5000)], "postgres": [],
+                     "ray-worker": [], "mlflow-users": []}
 
 
 def test_binding_elsewhere_is_an_explicit_opt_in(compose: list[str], tmp_path: Path) -> None:
@@ -98,72 +114,101 @@ def test_binding_elsewhere_is_an_explicit_opt_in(compose: list[str], tmp_path: P
 @pytest.mark.parametrize("missing", SECRET_VARS)
 def test_refuses_to_start_without_secrets(compose: list[str], tmp_path: Path, missing: str) -> None:
     env_file = tmp_path / "partial.env"
-    env_file.write_text(
-        "\n".join(f"{k}={v}" for k, v in read_env(ENV_EXAMPLE).items() if k != missing) + "\n"
-    )
+    env_file.write_text("\n".join(f"{k}={v}" for k, v in read_env(ENV_EXAMPLE).items() if k != missing) + "\n")
     result = render(compose, env_file)
     assert result.returncode != 0
     assert missing in result.stderr
 
 
-def test_secrets_come_only_from_the_env_file(config: dict) -> None:
+def test_each_container_gets_only_the_secrets_it_uses(config: dict) -> None:
     example = read_env(ENV_EXAMPLE)
     raw = COMPOSE.read_text()
     for var in SECRET_VARS:
         assert example[var] not in raw, f"{var}'s value is hard-coded in compose.yaml"
-    services = config["services"]
-    mlflow_env = services["mlflow"]["environment"]
-    assert mlflow_env["MLFLOW_AUTH_ADMIN_PASSWORD"] == example["MLFLOW_TRACKING_PASSWORD"]
-    assert mlflow_env["MLFLOW_FLASK_SERVER_SECRET_KEY"] == example["MLFLOW_FLASK_SERVER_SECRET_KEY"]
-    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == example["POSTGRES_PASSWORD"]
-    for node in ("ray-head", "ray-worker"):
-        env = services[node]["environment"]
+
+    def holds(service: str) -> set[str]:
+        values = " ".join(str(v) for v in (config["services"][service].get("environment") or {}).values())
+        return {var for var in SECRET_VARS if example[var] in values}
+
+    assert holds("postgres") == {"POSTGRES_PASSWORD"}
+    assert holds("mlflow") == {"POSTGRES_PASSWORD", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"}
+    assert holds("mlflow-users") == {"MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD"}
+    for node in RAY_NODES:
+        assert holds(node) == {"RAY_AUTH_TOKEN", "QKSTUDY_TRAINING_PASSWORD"}, node
+        env = config["services"][node]["environment"]
         assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
-        assert env["MLFLOW_TRACKING_PASSWORD"] == example["MLFLOW_TRACKING_PASSWORD"]
-        # The Ray cluster and its Jobs API demand the token.
-        assert env["RAY_AUTH_MODE"] == "token"
-        assert env["RAY_AUTH_TOKEN"] == example["RAY_AUTH_TOKEN"]
-    # Secrets are runtime environment only: no build args carry them into an image.
-    for svc in services.values():
-        assert not (svc.get("build") or {}).get("args"), svc
+        assert env["MLFLOW_TRACKING_USERNAME"] == example["QKSTUDY_TRAINING_USERNAME"] != example["MLFLOW_ADMIN_USERNAME"]
+        assert env["RAY_AUTH_MODE"] == "token" and env["RAY_TRAIN_V2_ENABLED"] == "1"
 
 
-def test_env_file_is_gitignored_and_example_is_not() -> None:
+def test_env_files_are_gitignored_and_examples_are_not() -> None:
     def ignored(path: str) -> bool:
         return subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0
 
-    assert ignored("docker/.env")
-    assert not ignored("docker/.env.example")
+    assert ignored("docker/.env") and ignored("docker/cluster.env")
+    assert not ignored("docker/.env.example") and not ignored("docker/cluster.env.example")
 
 
 def test_mlflow_uses_basic_auth_and_postgres(config: dict) -> None:
     mlflow = config["services"]["mlflow"]
-    assert mlflow["build"]["dockerfile"] == "docker/mlflow.Dockerfile"
     dockerfile = (DOCKER / "mlflow.Dockerfile").read_text()
     assert '"--app-name", "basic-auth"' in dockerfile
-    assert mlflow["environment"]["MLFLOW_BACKEND_STORE_URI"].startswith(
-        "postgresql+psycopg://mlflow:"
-    )
-    assert mlflow["environment"]["MLFLOW_BACKEND_STORE_URI"].endswith("@postgres:5432/mlflow")
+    uri = mlflow["environment"]["MLFLOW_BACKEND_STORE_URI"]
+    assert uri.startswith("postgresql+psycopg://mlflow:") and uri.endswith("@postgres:5432/mlflow")
     assert mlflow["depends_on"]["postgres"]["condition"] == "service_healthy"
-    mounts = {str(v).split(":")[1] if isinstance(v, str) else v["target"] for v in mlflow["volumes"]}
-    assert {"/mlflow/artifacts", "/mlflow/auth"} <= mounts
+    assert {"/mlflow/artifacts", "/mlflow/auth"} <= set(mounts(mlflow))
+    users = config["services"]["mlflow-users"]
+    assert users["depends_on"]["mlflow"]["condition"] == "service_healthy"
+    assert users["command"] == ["python", "/usr/local/lib/qkstudy/create_user.py"]
+    for node in RAY_NODES:  # the nodes start once the training account exists
+        deps = config["services"][node]["depends_on"]
+        assert "mlflow-users" in deps or deps.get("ray-head", {}).get("condition") == "service_healthy"
+    assert config["services"]["ray-head"]["depends_on"]["mlflow-users"]["condition"] == "service_completed_successfully"
 
 
-def test_ray_workers_reserve_gpus_and_share_storage(config: dict) -> None:
+def test_no_second_init(config: dict) -> None:
+    """The images' PID 1 is tini (Ray, MLflow) or postgres itself: `init: true` would stack
+    docker-init on top of it."""
+    assert [name for name, svc in config["services"].items() if svc.get("init")] == []
+
+
+def test_shared_storage_is_where_the_cluster_specs_point(config: dict) -> None:
     services = config["services"]
-    devices = services["ray-worker"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}] or devices == [
-        {"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}  # compose v2 renders all as -1
-    ]
+    assert mounts(services["ray-head"])["/shared"] == mounts(services["ray-worker"])["/shared"] == "qkstudy-shared"
+    assert services["ray-head"]["environment"]["QKSTUDY_CACHE"].startswith("/shared/")
+    from orchestrator.plan.spec import load_spec
+
+    specs = {p.name: load_spec(p).model_dump() for p in sorted((REPO / "jobs").glob("*.yaml"))}  # extends resolved
+    cluster = {n: s for n, s in specs.items() if str(s.get("tracking_uri") or "").startswith("http://mlflow")}
+    assert len(cluster) >= 3, "the paper specs target the stack"
+    for name, spec in cluster.items():
+        assert spec["storage_path"].startswith("/shared/qkstudy/"), name
+        corpora = spec.get("corpora") or {"": spec["corpus"]}
+        for corpus in corpora.values():
+            for path in (corpus.get("paths") or []) + (corpus.get("val_paths") or []):
+                assert path.startswith("/shared/data/"), (name, path)
+
+
+def test_cpu_workers_need_no_gpu_and_the_gpu_override_takes_them_all(compose: list[str], config: dict) -> None:
+    services = config["services"]
+    assert "deploy" not in services["ray-worker"]
     assert "--address=ray-head:6379" in services["ray-worker"]["command"]
-    assert "--head" in services["ray-head"]["command"]
+    assert "--head" in services["ray-head"]["command"] and "--num-gpus=0" in services["ray-head"]["command"]
+    result = render(compose, ENV_EXAMPLE, COMPOSE, GPU)
+    assert result.returncode == 0, result.stderr
+    worker = yaml.safe_load(result.stdout)["services"]["ray-worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices in ([{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}],
+                       [{"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}])  # v2 renders all as -1
+    assert not any(a.startswith("--num-cpus") for a in worker["command"])  # detected on a GPU host
 
-    def data_mount(svc: dict) -> str:
-        for v in svc["volumes"]:
-            source, target = (v.split(":")[:2] if isinstance(v, str) else (v["source"], v["target"]))
-            if target == "/data":
-                return source
-        raise AssertionError(f"no /data mount in {svc}")
 
-    assert data_mount(services["ray-head"]) == data_mount(services["ray-worker"]) == "qkstudy-data"
+def test_scaling_gpu_workers_on_one_host_is_refused(tmp_path: Path) -> None:
+    """`WORKERS=2 GPU=1`: two replicas would be handed the same GPUs; stack.sh refuses (exit 2)
+    before touching docker."""
+    env_file = tmp_path / "s.env"
+    env_file.write_text("\n".join(f"{k}={'x' * 8}{k.lower()}{'y' * 8}" if k in SECRET_VARS else f"{k}={v}"
+                                  for k, v in read_env(ENV_EXAMPLE).items()) + "\n")
+    res = subprocess.run([str(DOCKER / "stack.sh"), "up"], env={**os.environ, "ENV_FILE": str(env_file), "GPU": "1",
+                                                             "WORKERS": "2"}, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "holds all of its host's GPUs" in res.stderr, res.stderr

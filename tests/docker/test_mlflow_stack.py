@@ -176,3 +176,45 @@ def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tm
         ).fetchone()
     assert last_step == 8192  # step = tokens seen, final eval at the budget
     assert 1.0 < run.data.metrics["val/ppl"] < 512
+
+
+def test_training_account_is_not_an_admin(mlflow_pg_server, monkeypatch) -> None:
+    """docker/mlflow/create_user.py (the stack's `mlflow-users` service) gives training a
+    non-admin account: it logs its own runs, but cannot read the admin's experiments, create
+    users or make itself an admin. Idempotent: a second run re-keys the same account."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.server.auth.client import AuthServiceClient
+
+    uri, admin, admin_password = mlflow_pg_server
+    trainer, trainer_password = f"train-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    script = Path(__file__).resolve().parents[2] / "docker" / "mlflow" / "create_user.py"
+    env = {"PATH": os.environ["PATH"], "MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_USERNAME": admin,
+           "MLFLOW_TRACKING_PASSWORD": admin_password, "QKSTUDY_TRAINING_USERNAME": trainer,
+           "QKSTUDY_TRAINING_PASSWORD": trainer_password}
+    for outcome in ("created", "updated"):
+        res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and outcome in res.stdout, res.stderr[-2000:]
+    assert subprocess.run([sys.executable, str(script)], env={**env, "QKSTUDY_TRAINING_USERNAME": admin},
+                          capture_output=True, timeout=120).returncode == 2
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", admin)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", admin_password)
+    private = MlflowClient(uri).create_experiment(f"admin-only-{uuid.uuid4().hex[:6]}")
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", trainer)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", trainer_password)
+    client = MlflowClient(uri)
+    exp_id = client.create_experiment(f"study-{uuid.uuid4().hex[:6]}")
+    run_id = client.create_run(exp_id).info.run_id
+    client.log_metric(run_id, "val/loss", 3.5, step=4096)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "val/loss")] == [(4096, 3.5)]
+    visible = {e.experiment_id for e in client.search_experiments()}
+    assert exp_id in visible and private not in visible
+    with pytest.raises(MlflowException, match="403|PERMISSION_DENIED|ermission"):
+        client.get_experiment(private)
+    auth = AuthServiceClient(uri)
+    assert auth.get_user(trainer).is_admin is False
+    with pytest.raises(MlflowException, match="403|PERMISSION_DENIED|ermission"):
+        auth.create_user(f"x-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex)
+    with pytest.raises(MlflowException, match="403|PERMISSION_DENIED|ermission"):
+        auth.update_user_admin(trainer, True)

@@ -44,9 +44,26 @@ def test_uses_the_image_and_shared_defaults(cluster: dict) -> None:
 def test_no_secret_in_cluster_yaml(cluster: dict) -> None:
     text = CLUSTER.read_text()
     assert not re.search(r"(?i)(password|secret|token|aws_access_key_id)\s*[:=]\s*\S", text)
-    # Credentials reach the nodes only as the gitignored env file, sourced at ray start.
-    assert cluster["file_mounts"] == {"~/qkstudy.env": "docker/.env"}
+    # Credentials reach the nodes only as the gitignored node env file, sourced at ray start.
+    assert cluster["file_mounts"] == {"~/qkstudy.env": "docker/cluster.env"}
     for cmd in cluster["head_start_ray_commands"][1:] + cluster["worker_start_ray_commands"][1:]:
         assert cmd.startswith(
-            "set -a && . ~/qkstudy.env && set +a && export RAY_AUTH_MODE=token && ray start"
-        )
+            "set -a && . ~/qkstudy.env && set +a && export RAY_AUTH_MODE=token RAY_TRAIN_V2_ENABLED=1 && "
+            "python3 /usr/local/lib/qkstudy/check_env.py --role ray --exec ray start"
+        ), cmd
+
+
+def test_nodes_get_only_what_a_node_needs() -> None:
+    """The file synced to every node lists the training account and the Ray token, never the
+    MLflow server's secrets (the stack's docker/.env holds those: it must not be what syncs)."""
+    example = (REPO / "docker" / "cluster.env.example").read_text()
+    keys = {line.partition("=")[0] for line in example.splitlines() if line.strip() and not line.startswith("#")}
+    assert keys == {"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "RAY_AUTH_TOKEN"}
+    server_only = {"POSTGRES_PASSWORD", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"}
+    stack_keys = {line.partition("=")[0] for line in (REPO / "docker" / ".env.example").read_text().splitlines()}
+    assert server_only <= stack_keys and not server_only & keys
+
+
+def test_gpus_only_on_gpu_workers(cluster: dict) -> None:
+    assert "--gpus=all" not in cluster["docker"]["run_options"]
+    assert cluster["docker"]["worker_run_options"] == ["--gpus=all"]

@@ -1,6 +1,7 @@
 import pytest
+import torch
 
-from model.bench import append_markdown, main, parse_variant, run_bench
+from model.bench import StepOptions, append_markdown, main, parse_variant, run_bench
 
 
 def test_parse_variant():
@@ -15,11 +16,14 @@ def test_run_bench_reports_ratios_against_standard():
     results = run_bench("cpu-xs", ["coupled:n_steps=2", "differential"], repeats=2, steps=1,
                         batch_size=2, vocab_size=128, seq_len=32, device="cpu", peak_tflops=1.0)
     assert [r.spec for r in results] == ["standard", "coupled:n_steps=2", "differential"]
-    assert results[0].ratio == results[0].cpu_ratio == results[0].flop_ratio == 1.0
+    assert results[0].ratio == results[0].cpu_ratio == results[0].flop_ratio == results[0].best_ratio == 1.0
+    assert results[0].ratio_iqr == (1.0, 1.0) and results[1].ratio_iqr[0] <= results[1].ratio_iqr[1]
     assert results[1].flop_ratio > 1.0 and results[1].ratio > 0
+    assert [r.impl for r in results] == ["-", "fused", "-"]  # auto on CPU: the fused transform
     for r in results:
         assert r.tokens_per_s == pytest.approx(2 * 32 / r.step_s)
         assert r.mfu == pytest.approx(r.flops_per_token * r.tokens_per_s / 1e12)
+        assert r.step_mem_gib is None and r.load >= 0  # memory is measured on CUDA only
 
 
 def test_main_appends_a_dated_table(tmp_path, capsys):
@@ -44,3 +48,32 @@ def test_append_markdown_creates_file(tmp_path):
     path.chmod(0o664)
     append_markdown(path, "## y")
     assert path.read_text().endswith("## x\n\n## y\n") and path.stat().st_mode & 0o777 == 0o664
+
+
+def test_spec_impl_overrides_the_default_and_is_validated():
+    results = run_bench("cpu-xs", ["coupled:impl=eager", "uncoupled_mlp"], repeats=1, steps=1, batch_size=1,
+                        vocab_size=64, seq_len=16, device="cpu", peak_tflops=None, warmup=1,
+                        options=StepOptions(impl="fused"))
+    assert [(r.spec, r.impl) for r in results] == [("standard", "-"), ("coupled:impl=eager", "eager"),
+                                                   ("uncoupled_mlp", "fused")]
+    with pytest.raises(ValueError, match="allowed: auto, eager, fused, compile"):
+        run_bench("cpu-xs", ["coupled:impl=cuda"], 1, 1, 1, 64, 16, "cpu", None)
+
+
+def test_step_options_enter_autocast_and_the_flash_backend():
+    with StepOptions(amp="bf16", sdpa="flash").context("cpu"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert not torch.backends.cuda.math_sdp_enabled()  # only the flash backend is allowed
+    with StepOptions().context("cpu"):  # auto: no autocast off CUDA, every backend
+        assert not torch.is_autocast_enabled("cpu") and torch.backends.cuda.math_sdp_enabled()
+
+
+def test_dry_run_runs_the_gpu_path_on_cpu(tmp_path, capsys):
+    """--dry-run: bf16 autocast, flash SDPA, compiled coupled transform, MFU column, at tiny
+    CPU shapes; prints the table and appends nothing."""
+    out = tmp_path / "BENCHMARKS.md"
+    assert main(["--dry-run", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "preset cpu-xs (dry run)" in text and "amp bf16, SDPA flash, QK impl compile" in text
+    assert "| MFU |" in text and "| coupled | compile |" in text and "| standard | - |" in text
+    assert not out.exists()

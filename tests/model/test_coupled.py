@@ -1,17 +1,24 @@
-"""The QK transforms on their own: integrator algebra, invertibility, volume, f evaluations."""
+"""The QK transforms on their own: integrator algebra, invertibility, volume, f evaluations.
+
+Each property is checked for the eager reference and the fused path (`model.fused_qk`)."""
 import pytest
 import torch
 from torch.autograd.functional import jacobian
 
+import model.coupled
+import model.fused_qk
 from model.coupled import CoupledQK, CouplingMLP, UncoupledQK
+
+IMPLS = ["eager", "fused"]
 
 H, D = 2, 3  # small dimensions: the full Jacobian is 12 x 12
 
 
-def make(integrator: str, n_steps: int = 1, sharing: str = "head", dt: float = 0.7) -> CoupledQK:
+def make(integrator: str, n_steps: int = 1, sharing: str = "head", dt: float = 0.7, impl: str = "fused") -> CoupledQK:
     torch.manual_seed(0)
     tr = CoupledQK(n_head=H, head_dim=D, hidden=5, sharing=sharing, n_steps=n_steps,
                    dt_init=dt, integrator=integrator).double()
+    tr.impl = impl
     with torch.no_grad():
         tr.dt.copy_(torch.tensor([[dt], [-0.4]], dtype=torch.float64))  # per-head, one negative
     return tr
@@ -22,16 +29,18 @@ def qk(seed: int = 1, shape=(2, 4, H, D)):
     return torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
 
 
-def test_euler_step_matches_its_definition():
-    tr = make("euler")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_euler_step_matches_its_definition(impl):
+    tr = make("euler", impl=impl)
     q, k = qk()
     q1, k1 = tr(q, k)
     torch.testing.assert_close(q1, q + tr.dt * k)
     torch.testing.assert_close(k1, k + tr.dt * tr.f(q))
 
 
-def test_leapfrog_step_matches_stormer_verlet():
-    tr = make("leapfrog")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_leapfrog_step_matches_stormer_verlet(impl):
+    tr = make("leapfrog", impl=impl)
     q, k = qk()
     k_half = k + tr.dt / 2 * tr.f(q)
     q1 = q + tr.dt * k_half
@@ -49,9 +58,10 @@ def leapfrog_inverse(tr: CoupledQK, q: torch.Tensor, k: torch.Tensor):
     return q, k
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("n_steps", [1, 4])
-def test_leapfrog_is_exactly_invertible(n_steps):
-    tr = make("leapfrog", n_steps=n_steps, dt=1.3)
+def test_leapfrog_is_exactly_invertible(n_steps, impl):
+    tr = make("leapfrog", n_steps=n_steps, dt=1.3, impl=impl)
     q, k = qk()
     q0, k0 = leapfrog_inverse(tr, *tr(q, k))
     torch.testing.assert_close(q0, q, rtol=0, atol=1e-12)
@@ -68,26 +78,32 @@ def _jacobian_det(tr: CoupledQK) -> float:
     return torch.linalg.det(jacobian(flat, torch.cat([q.reshape(-1), k.reshape(-1)]))).item()
 
 
+@pytest.mark.parametrize("impl", IMPLS)  # the Jacobian comes from backward: fused's is checked too
 @pytest.mark.parametrize("n_steps, sharing", [(1, "head"), (3, "layer")])
-def test_leapfrog_preserves_volume_and_euler_does_not(n_steps, sharing):
-    assert _jacobian_det(make("leapfrog", n_steps, sharing)) == pytest.approx(1.0, abs=1e-10)
-    assert abs(_jacobian_det(make("euler", n_steps, sharing)) - 1.0) > 1e-3
+def test_leapfrog_preserves_volume_and_euler_does_not(n_steps, sharing, impl):
+    assert _jacobian_det(make("leapfrog", n_steps, sharing, impl=impl)) == pytest.approx(1.0, abs=1e-10)
+    assert abs(_jacobian_det(make("euler", n_steps, sharing, impl=impl)) - 1.0) > 1e-3
 
 
+@pytest.mark.parametrize("impl, evaluate", [("eager", "model.coupled.mlp"), ("fused", "model.fused_qk._f_forward")])
 @pytest.mark.parametrize("integrator, n_steps, evaluations", [
     ("euler", 1, 1), ("euler", 5, 5), ("leapfrog", 1, 2), ("leapfrog", 7, 8)])
-def test_f_evaluations_per_forward(integrator, n_steps, evaluations):
-    tr = make(integrator, n_steps)
+def test_f_evaluations_per_forward(integrator, n_steps, evaluations, impl, evaluate, monkeypatch):
+    tr = make(integrator, n_steps, impl=impl)
     calls = []
-    tr.f.register_forward_hook(lambda *_: calls.append(1))
+    module, name = evaluate.rsplit(".", 1)
+    inner = getattr(model.coupled if module == "model.coupled" else model.fused_qk, name)
+    monkeypatch.setattr(evaluate, lambda *a: calls.append(1) or inner(*a))
     tr(*qk())
     assert len(calls) == evaluations == tr.n_evaluations()
     assert tr.num_flops_per_token(seq_len=16) == evaluations * H * 2 * (2 * D * 5)  # per token: T-free
 
 
-def test_uncoupled_changes_only_q():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_uncoupled_changes_only_q(impl):
     torch.manual_seed(0)
     tr = UncoupledQK(n_head=H, head_dim=D, hidden=5, sharing="layer", n_steps=2, dt_init=0.3).double()
+    tr.impl = impl
     q, k = qk()
     q2, k2 = tr(q, k)
     q1 = q + 0.3 * tr.f(q)

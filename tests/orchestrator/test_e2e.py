@@ -68,7 +68,10 @@ def test_one_finished_mlflow_run_per_planned_run(study):
         assert [m.value for m in tokens] == steps  # step is tokens seen
         val = c.get_metric_history(r.info.run_id, "val/ppl")
         assert val[-1].step == p["tokens"] and 1.0 < val[-1].value < 512
-        assert r.data.metrics["final/val_ppl"] == pytest.approx(val[-1].value)
+        # the final pass: the curve's 8 windows and 8 more, so near (not equal to) the last curve point
+        (final,) = c.get_metric_history(r.info.run_id, "final/val_ppl")
+        assert final.step == p["tokens"] and final.value == pytest.approx(val[-1].value, rel=0.2)
+        assert r.data.params["data_hash"] == p["data_hash"] and r.data.params["tokenizer_hash"]
         assert int(r.data.params["n_params"]) == p["n_params"]
         assert {"train/loss", "lr", "grad_norm", "flops", "time/wall_s", "throughput/tokens_per_s",
                 "attn/entropy", "attn/effective_rank"} <= set(r.data.metrics)
@@ -87,8 +90,29 @@ def test_resubmit_trains_nothing(study):
     before = {r.info.run_id for r in _train_runs(d)[1]}
     res = _qk("run", "e2e.yaml", cwd=d, env=env)
     assert res.returncode == 0, res.stderr
-    assert f"{len(plan)} run(s) already finished in MLflow: skipped" in res.stderr
+    assert f"{len(plan)} run(s) already finished in MLflow: skipped (Ray not started)" in res.stderr
     assert {r.info.run_id for r in _train_runs(d)[1]} == before
+
+
+def test_rerun_of_a_finished_study_decides_from_mlflow_without_ray(study, monkeypatch):
+    import ray
+    from rich.console import Console
+
+    from orchestrator.plan.spec import load_spec
+    from orchestrator.run.runner import run_study
+
+    d, _, plan, _ = study
+    monkeypatch.chdir(d)  # the spec's default work dir, runs/e2e, is relative
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not ray.is_initialized()
+    try:
+        res = run_study(load_spec(d / "e2e.yaml"), console=Console(quiet=True))
+        started = ray.is_initialized()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    assert not started, "a finished study started Ray"
+    assert res.ok and res.status == {p["run_id"]: "skipped" for p in plan}
 
 
 def test_report_reads_mlflow_and_is_reproducible(study):
@@ -132,3 +156,61 @@ def test_bad_corpus_exits_2_before_mlflow(case, corpus, expect, tmp_path):
     assert "s.yaml: " + expect in res.stderr.replace("\n", " "), res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "\x1b[" not in res.stderr
     assert not (tmp_path / "runs" / case / "mlflow.db").exists()
+
+
+SUPERSEDE_SPEC = """\
+name: sup
+corpus: {source: text, paths: [docs], val_fraction: 0.3}
+tokenizer: {vocab_size: 512}
+scales: [cpu-xs]
+variants: [standard]
+budget: {mode: tokens, tokens: 10240}
+train: {global_batch: 8, seq_len: 64}
+eval: {num_evals: 2, max_windows: 8}
+resources: {workers: 1, cpus_per_worker: 1, zero_stage: 2}
+"""
+
+
+def test_changed_corpus_file_trains_new_runs_and_supersedes_the_old(tmp_path):
+    """Edit one corpus file after a study finished: the re-run trains a new run (new id, new
+    MLflow run, new Ray Train name), the old record keeps its metrics and is marked superseded,
+    nothing fails; a third run trains nothing."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, f in enumerate(sorted((Path(__file__).resolve().parents[2] / "orchestrator").rglob("*.py"))[:10]):
+        (docs / f"d{i}.txt").write_text(f.read_text()[:6000])
+    (tmp_path / "sup.yaml").write_text(SUPERSEDE_SPEC)
+    env = {**os.environ, "QKSTUDY_CACHE": str(tmp_path / "cache")}
+    env.pop("RAY_ADDRESS", None)
+    res = _qk("run", "sup.yaml", cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    c = MlflowClient(f"sqlite:///{tmp_path / 'runs/sup/mlflow.db'}")
+    exp_id = c.get_experiment_by_name("sup").experiment_id
+    (old,) = c.search_runs([exp_id])
+    keys = ("train/loss", "val/loss", "final/val_loss", "tokens")
+
+    def history(mlflow_id):
+        return {k: [(m.step, m.value) for m in c.get_metric_history(mlflow_id, k)] for k in keys}
+
+    before = history(old.info.run_id)
+    (docs / "d3.txt").write_text((docs / "d3.txt").read_text() + "\n# one more line\n")
+    res = _qk("run", "sup.yaml", cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "superseded" in res.stderr
+    runs = {r.info.run_id: r for r in c.search_runs([exp_id])}  # every kind
+    assert len(runs) == 2
+    o = runs.pop(old.info.run_id)
+    (new,) = runs.values()
+    assert o.data.tags["qkstudy.kind"] == "superseded" and o.data.tags["status"] == "finished"
+    assert o.data.tags["superseded_by"] == new.data.tags["run_id"] != o.data.tags["run_id"]
+    assert "trained on other data" in o.data.tags["superseded_reason"]
+    assert history(o.info.run_id) == before  # untouched
+    assert new.data.tags["qkstudy.kind"] == "train" and new.data.tags["status"] == "finished"
+    assert new.info.status == "FINISHED" and "restarts" not in new.data.tags  # trained from scratch
+    assert new.data.params["data_hash"] != o.data.params["data_hash"]
+    assert history(new.info.run_id)["tokens"][-1] == (10240, 10240.0)
+    plan = json.loads(_qk("plan", "sup.yaml", "--json", cwd=tmp_path, env=env).stdout)
+    assert [(p["run_id"], p["data_hash"]) for p in plan] == [(new.data.tags["run_id"], new.data.params["data_hash"])]
+    res = _qk("run", "sup.yaml", cwd=tmp_path, env=env)
+    assert res.returncode == 0 and "1 run(s) already finished in MLflow: skipped" in res.stderr, res.stderr[-3000:]
+    assert len(c.search_runs([exp_id])) == 2

@@ -147,10 +147,12 @@ def test_throughput_table_file_roundtrip(tmp_path):
 
     study = parse_spec({**BASE, "budget": WALLCLOCK, "workdir": str(tmp_path / "w")})
     assert load_calibration(study) is None and throughput_table(study) is None
-    path = save_calibration(study, TABLE)
-    assert path == calibration_path(study) and json.loads(path.read_text()) == TABLE
+    path = save_calibration(study, TABLE, {"repeats": 7})
+    assert path == calibration_path(study) and json.loads(path.read_text()) == {"tokens_per_s": TABLE, "repeats": 7}
     assert [p.name for p in path.parent.iterdir()] == ["calibration.json"]  # the temp file was renamed
     assert throughput_table(study) == TABLE
+    path.write_text(json.dumps(TABLE))  # a file written by an older version: the bare table
+    assert load_calibration(study) == TABLE
     figures = {"standard": 1.0, "coupled": 2.0, "differential": 3.0}
     declared = parse_spec({**BASE, "budget": {**WALLCLOCK, "throughput": figures}, "workdir": str(tmp_path / "w")})
     assert throughput_table(declared) == {"cpu-xs": figures, "cpu-s": figures}  # the spec wins over the file
@@ -163,10 +165,70 @@ def test_planning_imports_no_ray_mlflow_or_deepspeed():
     code = (
         "import sys\n"
         "import orchestrator.plan.spec, orchestrator.plan.planner, orchestrator.plan.throughput\n"
+        "from orchestrator.plan.inputs import plan_study\n"
         "from orchestrator.plan.planner import plan\n"
         "from orchestrator.plan.spec import parse_spec\n"
         f"plan(parse_spec({{**{BASE!r}, 'budget': {WALLCLOCK!r}}}), {TABLE!r})\n"
+        f"plan_study(parse_spec({BASE!r}))\n"
         "print(sorted(m for m in ('ray', 'mlflow', 'deepspeed') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _text_study(tmp_path, **over):
+    docs = tmp_path / "docs"
+    if not docs.exists():
+        docs.mkdir()
+        for i in range(3):
+            (docs / f"d{i}.txt").write_text(f"document {i}\n" * 50)
+    return parse_spec({**BASE, "corpus": {"source": "text", "paths": [str(docs)]}, "extend": [], **over})
+
+
+def test_run_identity_follows_the_corpus_content(tmp_path):
+    from orchestrator.plan.inputs import corpus_hashes, plan_study
+
+    study = _text_study(tmp_path)
+    h = corpus_hashes(study)
+    assert list(h) == ["text"] and len(h["text"]) == 20
+    runs = plan_study(study)
+    assert all(r.data_hash == h["text"] for r in runs)
+    assert [r.run_id for r in runs] == [r.run_id for r in plan_study(study)]  # stable
+    assert [r.run_id for r in runs] != [r.run_id for r in plan(study)]  # the hash is in the identity
+    (tmp_path / "docs" / "d1.txt").write_text("an edited document\n" * 50)  # one file changes
+    changed = plan_study(study)
+    assert corpus_hashes(study)["text"] != h["text"]
+    assert not {r.run_id for r in changed} & {r.run_id for r in runs}  # every run is a new run
+    assert [(r.variant, r.scale, r.seed, r.tokens) for r in changed] == [(r.variant, r.scale, r.seed, r.tokens) for r in runs]
+
+
+def test_corpus_hash_is_the_prepared_datas_key(tmp_path):
+    from data_pipeline import CorpusConfig, TokenizerConfig, prepare
+    from orchestrator.plan.inputs import corpus_hashes
+
+    study = parse_spec({**BASE, "corpus": {"source": "mqar", "mqar": {"preset": "easy", "num_train_examples": 64,
+                                                                      "num_val_examples": 16}},
+                        "train": {"seq_len": 64}, "extend": []})
+    prepared = prepare(CorpusConfig.model_validate(study.corpus_map["mqar"].model_dump(mode="json")),
+                       TokenizerConfig.model_validate(study.tokenizer.model_dump(mode="json")), tmp_path, progress=False)
+    assert corpus_hashes(study) == {"mqar": prepared.content_hash}
+
+
+def test_unreadable_corpus_and_missing_hash_are_errors(tmp_path):
+    from orchestrator.plan.inputs import CorpusError, corpus_hashes
+
+    study = parse_spec({**BASE, "corpus": {"source": "text", "paths": [str(tmp_path / "missing")]}})
+    with pytest.raises(CorpusError, match="corpus 'text': "):
+        corpus_hashes(study)
+    with pytest.raises(PlanError, match="no content hash given for corpus 'stdlib'"):
+        plan(parse_spec(BASE), data={"other": "x"})
+
+
+def test_wallclock_runs_record_their_calibration():
+    study = parse_spec({**BASE, "budget": WALLCLOCK, "extend": []})
+    runs = plan(study, TABLE)
+    r = next(x for x in runs if x.scale == "cpu-s" and x.variant == "coupled")
+    assert r.calibration["tokens_per_s"] == TABLE["cpu-s"] and r.calibration["source"] == "calibration"
+    other = {"cpu-xs": TABLE["cpu-xs"], "cpu-s": {**TABLE["cpu-s"], "standard": 401.0}}
+    assert plan(study, other)[0].calibration["digest"] != runs[0].calibration["digest"]
+    assert all(x.calibration is None for x in _plan())  # flops budgets: no calibration

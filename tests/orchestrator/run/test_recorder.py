@@ -43,18 +43,21 @@ def test_rank_0_writes_the_run(store):
     assert client.get_run(mlflow_id).data.tags["status"] == "running"
     rec.train_point(1, 5.0, 0.5, 1e-3, 0.1)
     rec.train_point(2, 4.0, 0.4, 2e-3, 0.2)
-    rec.eval_point(2, 3.0, {"attn/entropy": 1.5}, final=False)
+    rec.eval_point(2, 3.0, {"attn/entropy": 1.5})
     rec.checkpoint_point(2, {"checkpoint/bytes": 123.0})
-    rec.eval_point(3, 2.0, {}, final=True)
+    rec.eval_point(3, 2.5, {})
+    rec.final_point(3, 2.0)
     rec.finished(3)
     r = client.get_run(mlflow_id)
     assert r.data.tags["status"] == "finished" and r.data.tags["final_tokens"] == str(3 * tps)
     assert r.info.status == "FINISHED"
     assert _history(client, mlflow_id, "train/loss") == [(tps, 5.0), (2 * tps, 4.0)]
     assert _history(client, mlflow_id, "flops") == [(tps, tps * run.flops_per_token), (2 * tps, 2 * tps * run.flops_per_token)]
-    assert _history(client, mlflow_id, "val/loss") == [(2 * tps, 3.0), (3 * tps, 2.0)]
+    assert _history(client, mlflow_id, "val/loss") == [(2 * tps, 3.0), (3 * tps, 2.5)]  # the curve windows
     assert _history(client, mlflow_id, "val/ppl")[0][1] == pytest.approx(20.0855, rel=1e-4)  # e^3
-    assert _history(client, mlflow_id, "final/val_loss") == [(3 * tps, 2.0)]
+    assert _history(client, mlflow_id, "final/val_loss") == [(3 * tps, 2.0)]  # the final pass
+    assert _history(client, mlflow_id, "final/val_ppl") == [(3 * tps, pytest.approx(7.389056, rel=1e-6))]  # e^2
+    assert "val/accuracy" not in r.data.metrics and "final/val_accuracy" not in r.data.metrics  # not labelled
     assert _history(client, mlflow_id, "checkpoint/bytes") == [(2 * tps, 123.0)]
     assert _history(client, mlflow_id, "attn/entropy") == [(2 * tps, 1.5)]
     assert all(v > 0 for _, v in _history(client, mlflow_id, "throughput/tokens_per_s"))
@@ -85,12 +88,25 @@ def test_other_ranks_write_nothing(store):
     rec = Recorder(run, "http://127.0.0.1:1", mlflow_id, None, active=False, devices=2)
     rec.start(3)
     rec.train_point(4, 1.0, 1.0, 1e-3, 1.0)
-    rec.eval_point(4, 1.0, {}, final=True)
+    rec.eval_point(4, 1.0, {}, accuracy=0.5)
+    rec.final_point(4, 1.0, accuracy=0.5)
     rec.checkpoint_point(4, {"checkpoint/bytes": 1.0})
     rec.failed(4, "x")
     rec.finished(4)
     r = client.get_run(mlflow_id)
     assert r.data.metrics == {} and r.data.tags["status"] == "queued"
+
+
+def test_labelled_corpora_log_accuracy(store):
+    run, uri, client, mlflow_id = store
+    tps = run.train.tokens_per_step
+    rec = Recorder(run, uri, mlflow_id, None, active=True, devices=1)
+    rec.start(0)
+    rec.eval_point(2, 1.5, {}, accuracy=0.25)
+    rec.eval_point(4, 1.0, {}, accuracy=0.75)
+    rec.final_point(4, 0.9, accuracy=0.8)
+    assert _history(client, mlflow_id, "val/accuracy") == [(2 * tps, 0.25), (4 * tps, 0.75)]
+    assert _history(client, mlflow_id, "final/val_accuracy") == [(4 * tps, 0.8)]
 
 
 def test_kill_hook_only_when_asked(monkeypatch):

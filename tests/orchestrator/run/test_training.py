@@ -1,5 +1,6 @@
 """Training runs through real Ray Train workers and real DeepSpeed engines on CPU:
-worker-count and ZeRO-stage invariance, kill-and-resume, divergence, exact budgets."""
+worker-count and ZeRO-stage invariance (training and evaluation), the logged learning rate,
+kill-and-resume, divergence, exact budgets, MQAR accuracy."""
 
 import math
 import os
@@ -17,7 +18,9 @@ from rich.console import Console
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
+from orchestrator.run.optim import lr_multiplier
 from orchestrator.run.runner import run_runs, run_study
+from orchestrator.track.lease import LEASE_DIR
 from orchestrator.track.tracking import study_tracking_uri
 
 pytestmark = pytest.mark.slow
@@ -30,7 +33,8 @@ BASE = {
     "variants": ["standard"],
     "budget": {"mode": "tokens", "tokens": 50 * 8 * 64},
     "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 1},
-    "eval": {"num_evals": 5, "max_windows": 8, "final_max_windows": 16, "diagnostics": False},
+    # odd window counts: 2 workers must read the same windows as 1 (no window dropped to even them out)
+    "eval": {"num_evals": 5, "max_windows": 7, "final_max_windows": 13, "diagnostics": False},
 }
 
 
@@ -48,26 +52,76 @@ def _history(uri, study, key):
     return run, [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, key)]
 
 
+def _rel(a, b):
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
 def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
-    curves, norms = {}, {}
-    for workers, stage in [(1, 2), (1, 3), (2, 0), (2, 2), (2, 3)]:
-        name = f"w{workers}z{stage}"
-        study = parse_spec({**BASE, "name": name, "resources": {"workers": workers, "zero_stage": stage}})
+    curves, norms, vals, finals, lrs = {}, {}, {}, {}, {}
+    configs = [(1, 2, 13), (1, 3, 13), (2, 0, 13), (2, 2, 13), (2, 3, 13), (1, 2, 7), (2, 2, 7)]
+    for workers, stage, final_windows in configs:
+        name = f"w{workers}z{stage}" + ("same" if final_windows == 7 else "")
+        study = parse_spec({**BASE, "name": name, "resources": {"workers": workers, "zero_stage": stage},
+                            "eval": {**BASE["eval"], "final_max_windows": final_windows}})
         uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
-        res = run_runs(plan(study), name, uri, str(tmp_path / name / "ray"), console=Console(quiet=True))
+        (planned,) = plan(study)
+        res = run_runs([planned], name, uri, str(tmp_path / name / "ray"), console=Console(quiet=True))
         assert res.ok, res.reasons
         run, curve = _history(uri, name, "train/loss")
         assert [s for s, _ in curve] == [512 * i for i in range(1, 51)]
         curves[name] = [v for _, v in curve]
         norms[name] = [v for _, v in _history(uri, name, "grad_norm")[1]]
+        vals[name] = _history(uri, name, "val/loss")[1]
+        (finals[name],) = [v for _, v in _history(uri, name, "final/val_loss")[1]]
+        lrs[name] = (planned.train, _history(uri, name, "lr")[1])
+        assert "val/accuracy" not in run.data.metrics and "final/val_accuracy" not in run.data.metrics  # text corpus
     ref, ref_norm = curves["w1z2"], norms["w1z2"]
     assert ref[-1] < ref[0] - 1.0  # it learns
     for name, c in curves.items():
-        worst = max(abs(a - b) / abs(b) for a, b in zip(c, ref))
+        worst = _rel(c, ref)
         assert worst < 1e-3, (name, worst)
         # ZeRO-0 (fp32) gets its norm from the worker, the other stages from DeepSpeed
-        worst_norm = max(abs(a - b) / b for a, b in zip(norms[name], ref_norm))
+        worst_norm = _rel(norms[name], ref_norm)
         assert worst_norm < 1e-2, (name, worst_norm)
+        # one fixed validation subset for any worker count and stage: the curves and final passes agree too
+        assert [s for s, _ in vals[name]] == [s for s, _ in vals["w1z2"]] == [512 * i for i in range(10, 51, 10)]
+        assert _rel([v for _, v in vals[name]], [v for _, v in vals["w1z2"]]) < 1e-3, name
+        assert _rel([finals[name]], [finals["w1z2" if name[-4:] != "same" else "w1z2same"]]) < 1e-3, name
+    for w in ("w1z2", "w2z2"):
+        # The last curve point reads the curve's 7 windows: the same number as the final pass of
+        # the same training with final_max_windows = 7 (it reads those 7 only). The 13-window
+        # final pass adds 6 windows to them.
+        assert math.isclose(vals[w][-1][1], finals[w + "same"], rel_tol=1e-5), (w, vals[w][-1][1], finals[w + "same"])
+        assert math.isclose(vals[w + "same"][-1][1], finals[w + "same"], rel_tol=1e-12)
+        assert not math.isclose(finals[w], finals[w + "same"], rel_tol=1e-5)  # negative control: 13 windows differ
+    _check_logged_lr(*lrs["w1z2"], steps=50)
+
+
+def _check_logged_lr(train, history, steps):
+    """The lr logged at step k (after k updates) is the one update k used: lr_multiplier(k - 1)."""
+    assert [s for s, _ in history] == [512 * k for k in range(1, steps + 1)]
+    expect = [train.lr * lr_multiplier(k - 1, steps, train.warmup_steps, train.schedule, train.min_lr_ratio,
+                                         train.decay_fraction) for k in range(1, steps + 1)]
+    assert train.warmup_steps > 1 and expect[0] == pytest.approx(train.lr / train.warmup_steps)
+    assert [v for _, v in history] == pytest.approx(expect, rel=1e-6)
+
+
+def test_mqar_runs_log_accuracy_at_every_eval_and_after_the_final_pass(local_ray, tmp_path):
+    spec = {**BASE, "name": "acc", "corpus": {"source": "mqar", "mqar": {"preset": "easy", "num_train_examples": 512,
+                                                                          "num_val_examples": 64}},
+            "budget": {"mode": "tokens", "tokens": 20 * 8 * 64}, "eval": {**BASE["eval"], "num_evals": 2}}
+    study = parse_spec(spec)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = run_runs(plan(study), "acc", uri, str(tmp_path / "ray"), console=Console(quiet=True))
+    assert res.ok, res.reasons
+    run, acc = _history(uri, "acc", "val/accuracy")
+    assert [s for s, _ in acc] == [s for s, _ in _history(uri, "acc", "val/loss")[1]] == [10 * 512, 20 * 512]
+    _, final = _history(uri, "acc", "final/val_accuracy")
+    assert [s for s, _ in final] == [20 * 512]
+    assert all(0.0 <= v <= 1.0 for _, v in acc + final)
+    # 4 labelled keys per example, 7 and 13 windows: accuracies are multiples of 1/28 and 1/52
+    assert all(abs(v * 28 - round(v * 28)) < 1e-6 for _, v in acc)
+    assert abs(final[0][1] * 52 - round(final[0][1] * 52)) < 1e-6
 
 
 def test_divergent_run_fails_with_reason_and_study_finishes(local_ray, tmp_path):
@@ -180,7 +234,7 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     # a log (not a terminal) gets one line per run as it ends, not only when its pack ends
     assert sum(line.startswith("finished ") for line in res.stderr.splitlines()) == 2 and "[2/2]" in res.stderr
-    assert [p.name[:5] for p in (packed / "runs/p/ray").iterdir() if p.is_dir()] == ["pack-"]
+    assert [p.name[:5] for p in (packed / "runs/p/ray").iterdir() if p.is_dir() and p.name != LEASE_DIR] == ["pack-"]
 
     def runs(d):
         c = MlflowClient(f"sqlite:///{d / 'runs/p/mlflow.db'}")

@@ -1,0 +1,84 @@
+"""What the pure planner needs from outside: the corpora's content hashes and the throughput table.
+
+``plan(study, throughput, data)`` reads no file and measures nothing; its callers (``qkstudy
+plan``/``run``/``status``, the runner) load its two inputs here, so every caller plans the
+same runs with the same ids:
+
+- ``corpus_hashes``: per corpus, data_pipeline's content hash, the key of the prepared
+  directory (``data_pipeline.build.content_hash``: sha256 over the format version, the
+  corpus and tokenizer configs and a fingerprint holding the sha256 of every input file).
+  It is computed from the files before anything is prepared (reading them once; the
+  CPython stdlib corpus takes about 0.6 s cold), and the tokenizer model is trained from
+  exactly those inputs, so the key fixes the tokenizer too. It enters each run's identity:
+  editing one corpus file gives every run of that corpus a new ``run_id``.
+- ``throughput_table`` (``orchestrator.plan.throughput``): tokens/s per variant, for
+  ``wallclock`` budgets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from orchestrator.plan.planner import RunSpec, plan
+from orchestrator.plan.spec import Study
+from orchestrator.plan.throughput import throughput_table
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot feed the study's runs (unreadable, too small, token ids beyond
+    the vocabulary); ``corpus_name`` says which."""
+
+    def __init__(self, corpus_name: str, message: str):
+        self.corpus_name = corpus_name
+        super().__init__(f"corpus {corpus_name!r}: {message}")
+
+
+def corpus_hashes(study: Study, strict: bool = True) -> dict[str, str | None]:
+    """Corpus name -> the content hash ``data_pipeline.prepare`` will give its prepared data.
+
+    ``strict=False`` (``qkstudy plan``/``validate``/``status`` on a machine that may not see a
+    cluster's corpus files) gives None for a corpus whose files cannot be read here: its runs
+    are then planned with ids that leave the data out, and the caller says so.
+
+    Raises:
+        CorpusError: (``strict`` only) a corpus's input files cannot be read (missing path,
+            no files matched).
+    """
+    from data_pipeline import CorpusConfig, DataError, TokenizerConfig
+    from data_pipeline.build import content_hash
+    from data_pipeline.sources import fingerprint
+
+    # The same configs, built the same way, as the preparation task gets (run.data).
+    tokenizer = TokenizerConfig.model_validate(study.tokenizer.model_dump(mode="json"))
+    out: dict[str, str | None] = {}
+    for name, corpus in study.corpus_map.items():
+        cfg = CorpusConfig.model_validate(corpus.model_dump(mode="json"))
+        try:
+            out[name] = content_hash(cfg, tokenizer, fingerprint(cfg))
+        except (DataError, OSError) as e:
+            if strict:
+                raise CorpusError(name, str(e)) from None
+            out[name] = None
+    return out
+
+
+def plan_study(study: Study, strict: bool = True) -> list[RunSpec]:
+    """The study's runs as every product caller plans them: with its throughput table
+    (declared or calibrated) and its corpora's content hashes (``corpus_hashes``; the driver
+    plans ``strict``, so its run ids always cover the data).
+
+    Raises:
+        CorpusError: see ``corpus_hashes``; PlanError: see ``plan``.
+    """
+    return plan(study, throughput_table(study), corpus_hashes(study, strict))
+
+
+def plan_here(study: Study, warn: Callable[[str], None]) -> list[RunSpec]:
+    """``plan_study`` for commands that only look (``qkstudy plan``, ``validate``): a corpus
+    whose files cannot be read on this machine (a cluster's) is planned without its hash,
+    and ``warn`` is called with one line saying so."""
+    data = corpus_hashes(study, strict=False)
+    for name in [n for n, h in data.items() if h is None]:
+        warn(f"corpus {name!r}: its files cannot be read here, so its runs' ids leave out its content hash "
+             "(the driver that runs the study computes it)")
+    return plan(study, throughput_table(study), data)
