@@ -127,6 +127,7 @@ def stack(docker_engine, tmp_path_factory):
     info["env"] = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_AUTH_MODE": "token",
                    "RAY_AUTH_TOKEN": values["RAY_AUTH_TOKEN"], "MLFLOW_TRACKING_USERNAME": example["MLFLOW_ADMIN_USERNAME"],
                    "MLFLOW_TRACKING_PASSWORD": values["MLFLOW_ADMIN_PASSWORD"]}
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
     t_start = time.monotonic()
     try:
         # Placeholders are refused before anything starts.
@@ -137,13 +138,18 @@ def stack(docker_engine, tmp_path_factory):
         assert res.returncode == 2 and "RAY_AUTH_TOKEN is still a placeholder" in res.stderr, res.stderr
         assert project_objects(docker_engine, project)["containers"] == []
 
-        res = timed("make stack-up (images cached)", run, ["make", "stack-up", f"ENV_FILE={env_file}"], env=env,
+        res = timed("make stack-up", run, ["make", "stack-up", f"ENV_FILE={env_file}"], env=env,
                     timeout=3600, log=tmp / "stack-up.log")
         assert res.returncode == 0, res.stdout
         yield info
     finally:
         res = timed("make stack-down", run, ["make", "stack-down", f"ENV_FILE={env_file}"], env=env, timeout=300)
         left = project_objects(docker_engine, project)
+        for k, v in saved.items():  # mlflow_client() set the admin account for this module only
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         TIMINGS["stack module total"] = round(time.monotonic() - t_start, 1)
         print(f"\nstack timings (s): {json.dumps(TIMINGS)}")
         assert res.returncode == 0, res.stdout + res.stderr
