@@ -181,11 +181,17 @@ class RunLoop:
 
     @torch.no_grad()
     def _diagnostics(self) -> dict[str, float]:
-        from model.diagnostics import attention_diagnostics
+        """``attention_diagnostics`` on the run's fixed probe: the first ``PROBE_WINDOWS`` eval
+        windows, whole on every rank (ZeRO-3 forwards and gathers are collective, so every rank
+        computes the same numbers; rank 0 logs them). ZeRO-3 gathers the lambdas it reads."""
+        import deepspeed
+
+        from model.diagnostics import PROBE_WINDOWS, attention_diagnostics
 
         self.engine.eval()
-        x, _ = next(iter(self.val_loader.eval_xy(2, 2)))
-        out = attention_diagnostics(self.engine.module, x.to(self.device))
+        x, _ = next(iter(self.val_loader.eval_xy(PROBE_WINDOWS, PROBE_WINDOWS)))
+        gather = deepspeed.zero.GatheredParameters if self.run.resources.zero_stage == 3 else None
+        out = attention_diagnostics(self.engine.module, x.to(self.device), gather=gather)
         self.engine.train()
         return out
 
