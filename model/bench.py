@@ -3,16 +3,27 @@
 Times full optimizer steps (forward + backward + AdamW) of each variant on a fixed random
 batch. Variants run interleaved in the same process (each repeat times every variant once,
 in a rotated order, after warm-up), so load drift hits all of them alike; the ratio to
-`standard` is the median over repeats of the paired per-repeat ratios. The same ratio of
-process CPU time is reported too (less sensitive to other processes on a shared machine,
-though it also counts OpenMP spin-waits). The FLOP ratio from the analytic counts sits
-beside them: the wall-clock overhead of a variant should approach its FLOP overhead. A dated Markdown table (machine, torch, command) is appended to
-BENCHMARKS.md (written to a temp file, then renamed).
+`standard` is the median over repeats of the paired per-repeat ratios, with their
+interquartile range (the spread) and the best-of ratio (fastest step over standard's
+fastest, the least touched by other processes). The same paired ratio of process CPU time
+is reported too (less sensitive to other processes on a shared machine; with more than one
+thread it also counts OpenMP spin-waits). Each row carries the median 1-minute load average
+over its repeats. The FLOP ratios from the analytic counts sit beside them: the wall-clock
+overhead of a variant should approach its FLOP overhead. On CUDA: MFU (model FLOPs x
+tokens/s / --peak-tflops) and the peak memory a step adds. A dated Markdown table (machine,
+torch, command) is appended to BENCHMARKS.md (written to a temp file, then renamed).
 
     python -m model.bench [--preset cpu-s] [--variants standard coupled coupled:integrator=leapfrog]
                           [--repeats 15] [--steps 1] [--batch-size 8] [--vocab-size 4096]
+                          [--threads N] [--impl auto|eager|fused|compile]
+    python -m model.bench --device cuda --preset 60m --vocab-size 32000 --batch-size 32 \
+                          --variants standard coupled --sdpa flash --peak-tflops 989
+    python -m model.bench --dry-run   # that GPU path (bf16 autocast, flash SDPA only, compiled QK
+                                      # transform) on CPU at tiny shapes; prints, never appends
 
-A variant spec is NAME or NAME:opt=value,opt=value with options of `build_config`.
+A variant spec is NAME or NAME:opt=value,opt=value with options of `build_config`, plus
+impl=auto|eager|fused|compile (how its QK transform runs, `model.fused_qk`), so one run can
+time `coupled:impl=eager` against `coupled`. scripts/gpu_check.sh runs the GPU benchmark.
 """
 from __future__ import annotations
 
@@ -36,7 +47,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from model.config import ModelConfig
 from model.coupled import DynamicsQK
 from model.fused_qk import QK_IMPLS, check_impl, resolve_impl
-from model.gpt import GPT, count_model
+from model.gpt import GPT, ModelCounts, count_model
 from model.presets import PRESETS, build_config
 
 DEFAULT_VARIANTS = ("standard", "coupled", "coupled:integrator=leapfrog", "uncoupled_mlp",
@@ -74,7 +85,8 @@ class BenchResult:
     best_ratio: float  # fastest step time / standard's fastest (least touched by other processes)
     cpu_ratio: float  # same for process CPU time per step
     cpu_ratio_iqr: tuple[float, float]
-    flop_ratio: float  # analytic training FLOPs per token / standard's
+    flop_ratio: float  # analytic training (model) FLOPs per token / standard's
+    executed_flop_ratio: float  # the same for what the kernels execute (`ModelCounts`)
     flops_per_token: int
     mfu: float | None
     step_mem_gib: float | None  # CUDA: peak memory a step adds to what is resident before it
@@ -195,18 +207,19 @@ def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_siz
     for r in range(repeats):
         for i in [(i + r) % len(runs) for i in range(len(runs))]:  # rotate to cancel position bias
             samples[i].append((*_timed(runs[i], steps, options), os.getloadavg()[0]))
-    std_flops = count_model(runs[0].cfg).flops_per_token
+    std_flops = count_model(runs[0].cfg)
     return [_summarise(run, s, samples[0], batch_size, std_flops, peak_tflops, _impl_used(run, options))
             for run, s in zip(runs, samples)]
 
 
 def _summarise(run: _Run, s: list[tuple[float, float, float | None, float]],
-               ref: list[tuple[float, float, float | None, float]], batch_size: int, std_flops: int,
+               ref: list[tuple[float, float, float | None, float]], batch_size: int, std_flops: ModelCounts,
                peak_tflops: float | None, impl: str) -> BenchResult:
     """One variant's result from its (wall, cpu, memory, load) samples and the reference's."""
     step_s = statistics.median(x[0] for x in s)
     tokens_per_s = batch_size * run.cfg.seq_len / step_s
-    fpt = count_model(run.cfg).flops_per_token
+    counts = count_model(run.cfg)
+    fpt = counts.flops_per_token
     ratios = [x[0] / x0[0] for x, x0 in zip(s, ref)]
     cpu_ratios = [x[1] / x0[1] for x, x0 in zip(s, ref)]
     mems = [x[2] for x in s if x[2] is not None]
@@ -214,7 +227,8 @@ def _summarise(run: _Run, s: list[tuple[float, float, float | None, float]],
         spec=run.spec, impl=impl, step_s=step_s, tokens_per_s=tokens_per_s, ratio=statistics.median(ratios),
         ratio_iqr=_iqr(ratios), best_ratio=min(x[0] for x in s) / min(x[0] for x in ref),
         cpu_ratio=statistics.median(cpu_ratios), cpu_ratio_iqr=_iqr(cpu_ratios),
-        flop_ratio=fpt / std_flops, flops_per_token=fpt,
+        flop_ratio=fpt / std_flops.flops_per_token, flops_per_token=fpt,
+        executed_flop_ratio=counts.executed_flops_per_token / std_flops.executed_flops_per_token,
         mfu=fpt * tokens_per_s / (peak_tflops * 1e12) if peak_tflops else None,
         step_mem_gib=max(mems) if mems else None, load=statistics.median(x[3] for x in s))
 
@@ -229,12 +243,13 @@ def format_table(results: list[BenchResult]) -> str:
     """Markdown table of results (MFU and memory columns only where measured)."""
     mfu, mem = any(r.mfu is not None for r in results), any(r.step_mem_gib is not None for r in results)
     head = ("| variant | QK impl | step (ms) | tokens/s | step-time ratio vs standard | ratio IQR | best-of ratio | CPU-time ratio (IQR) "
-            "| FLOP ratio |" + (" MFU |" if mfu else "") + (" step memory (GiB) |" if mem else "") + " load |")
+            "| FLOP ratio | executed FLOP ratio |" + (" MFU |" if mfu else "") + (" step memory (GiB) |" if mem else "") + " load |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         row = (f"| {r.spec} | {r.impl} | {r.step_s * 1e3:.1f} | {r.tokens_per_s:,.0f} | {r.ratio:.3f} | "
                f"{r.ratio_iqr[0]:.3f}-{r.ratio_iqr[1]:.3f} | {r.best_ratio:.3f} | "
-               f"{r.cpu_ratio:.3f} ({r.cpu_ratio_iqr[0]:.3f}-{r.cpu_ratio_iqr[1]:.3f}) | {r.flop_ratio:.4f} |")
+               f"{r.cpu_ratio:.3f} ({r.cpu_ratio_iqr[0]:.3f}-{r.cpu_ratio_iqr[1]:.3f}) | {r.flop_ratio:.4f} | "
+               f"{r.executed_flop_ratio:.4f} |")
         row += f" {r.mfu:.1%} |" if mfu and r.mfu is not None else " - |" if mfu else ""
         row += f" {r.step_mem_gib:.2f} |" if mem and r.step_mem_gib is not None else " - |" if mem else ""
         rows.append(row + f" {r.load:.1f} |")
@@ -283,6 +298,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _header(args: argparse.Namespace, argv: list[str] | None, machine: str, started: str) -> str:
+    """The section heading and the machine / command / setup lines above a result table."""
+    seq = args.seq_len or PRESETS[args.preset].seq_len
+    command = shlex.join(["python", "-m", "model.bench", *(argv if argv is not None else sys.argv[1:])])
+    mfu = f"MFU = model FLOPs x tokens/s / peak ({args.peak_tflops:g} TFLOP/s); " if args.peak_tflops else ""
+    return (f"## model.bench: preset {args.preset}{' (dry run)' if args.dry_run else ''}, {started}\n\n"
+            f"Machine: {machine}; load avg at end {os.getloadavg()[0]:.2f}.  \n"
+            f"Command: `{command}`  \n"
+            f"Setup: batch {args.batch_size} x {seq} tokens, vocab {args.vocab_size}, device {args.device}, "
+            f"AdamW, amp {args.amp}, SDPA {args.sdpa}, QK impl {args.impl}; median of {args.repeats} interleaved "
+            f"repeats of {args.steps} steps after {args.warmup} warm-up; ratios are medians of paired per-repeat "
+            f"ratios (IQR: their 25th-75th percentiles; best-of: fastest step over standard's fastest); "
+            f"FLOP ratio = analytic training FLOPs/token (model FLOPs; executed: what the kernels run, "
+            f"`model.gpt.ModelCounts`); {mfu}load = median 1-min load avg.\n\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.dry_run:
@@ -298,17 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    seq = args.seq_len or PRESETS[args.preset].seq_len
-    text = (f"## model.bench: preset {args.preset}{' (dry run)' if args.dry_run else ''}, {started}\n\n"
-            f"Machine: {machine}; load avg at end {os.getloadavg()[0]:.2f}.  \n"
-            f"Command: `{shlex.join(['python', '-m', 'model.bench', *(argv if argv is not None else sys.argv[1:])])}`  \n"
-            f"Setup: batch {args.batch_size} x {seq} tokens, vocab {args.vocab_size}, device {args.device}, "
-            f"AdamW, amp {args.amp}, SDPA {args.sdpa}, QK impl {args.impl}; median of {args.repeats} interleaved "
-            f"repeats of {args.steps} steps after {args.warmup} warm-up; ratios are medians of paired per-repeat "
-            f"ratios (IQR: their 25th-75th percentiles; best-of: fastest step over standard's fastest); FLOP ratio = analytic training FLOPs/token; "
-            + (f"MFU = model FLOPs x tokens/s / peak ({args.peak_tflops:g} TFLOP/s); " if args.peak_tflops else "")
-            + "load = median 1-min load avg.\n\n"
-            + format_table(results))
+    text = _header(args, argv, machine, started) + format_table(results)
     print(text)
     if not args.no_append:
         append_markdown(args.out, text)

@@ -2,23 +2,29 @@
 
 The eager transforms are a chain of small kernels per integration step (two axpys, f's two
 GEMMs with biases, SiLU) that autograd doubles in backward with its own products, broadcast
-reductions for dt's gradient, accumulations and copies. On CPU that per-element work, not the
-FLOPs, made coupled 1.075x standard's step time for a FLOP ratio of 1.018 (cpu-s, BENCHMARKS.md).
-Three implementations compute the same function; `QK_IMPLS` names them:
+reductions for dt's gradient, accumulations and copies: memory-bound passes over [B, T, H, D]
+tensors that do not shrink with more threads. Three implementations compute the same
+function; `QK_IMPLS` names them:
 
 * "eager": the reference (`model.coupled.coupled_flow` / `uncoupled_flow`) under autograd.
 * "fused": the autograd Functions below, whose backward is written out: one pass per needed
   product, dt's gradient accumulated over all steps in one buffer and reduced once, f's
-  weight gradients as GEMMs, no autograd bookkeeping between ops. Same math as eager, so
+  weight gradients as GEMMs, no autograd bookkeeping between ops (about 17 tensor-sized
+  kernels per Euler step, forward and backward, against about 25). Same math as eager, so
   equal to float tolerance (tests/model/test_fused_qk.py; `torch.autograd.gradcheck` in float64).
 * "compile": `torch.compile` of the eager function (inductor fuses the elementwise work into
-  a few kernels; on CUDA, Triton). One compiled function serves every layer (parameters
-  are arguments, not module state), so a model compiles once per integrator and shape.
+  six kernels around f's GEMMs; on CUDA, Triton). One compiled function serves every layer
+  (parameters are arguments, not module state): a process compiles once per integrator,
+  step count and shape.
 * "auto" (default) picks: eager when no gradient is being recorded (evaluation: nothing to
   fuse in a backward); compile on CUDA when Triton is importable; eager under autocast
   elsewhere (the fused Functions run in their inputs' dtypes, autocast's casts would not
-  reach their backward); fused otherwise (CPU training: torch.compile on CPU took 44 s to
-  compile the cpu-s transform and ran no faster than eager, 5.2 vs 5.4 ms per layer).
+  reach their backward); fused otherwise, i.e. CPU training. Measured at cpu-s on 2 shared
+  cores, one thread (BENCHMARKS.md, 2026-12-01 11:54): step-time ratio to standard eager
+  1.049, fused 1.049, compile 1.045 for a FLOP ratio of 1.018. On CPU the fewer kernels
+  do not show at this size (GEMMs dominate the step); compiling costs 8 s (warm inductor
+  cache) to 23 s (cold) per process, so CPU does not compile unless asked
+  (`GPT.set_qk_impl("compile")`). The GPU figures come from scripts/gpu_check.sh.
 
 Shapes: q, k [B, T, H, head_dim]; dt [H, 1]; f's weights w1 [G, hidden, head_dim],
 b1 [G, hidden], w2 [G, head_dim, hidden], b2 [G, head_dim] with G = 1 (shared by the
@@ -27,6 +33,7 @@ and f runs on [G, M, head_dim] groups (G = 1: M = N * H rows, one GEMM; G = H: M
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 from typing import Any
@@ -52,12 +59,17 @@ def resolve_impl(impl: str, x: torch.Tensor) -> str:
     if impl == "auto":
         if not torch.is_grad_enabled():
             return "eager"
-        if x.device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        if x.device.type == "cuda" and _has_triton():
             return "compile"
         return "eager" if autocast else "fused"
     if impl == "fused" and autocast:
         raise RuntimeError("the fused QK transform does not run under autocast; use 'compile' or 'eager'")
     return impl
+
+
+@functools.cache
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 _COMPILED: dict[Callable, Callable] = {}
