@@ -253,10 +253,15 @@ def report(study: str = typer.Argument(..., help="Study name or spec path."),
     name, uri = _study_uri(study, tracking_uri)
     ref, expected = reference, None
     if Path(study).is_file():  # the plan says which runs are missing
+        from orchestrator.track.data_match import plan_against, study_records
+
         spec = _load(Path(study))
         ref = ref or spec.reference
+        planned, notes = plan_against(spec, study_records(name, uri))  # on the data MLflow's runs used
+        for line in notes:
+            err.print(f"[yellow]warning[/]: {escape(line)}")
         expected = [{"variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend, "corpus": r.corpus_name}
-                    for r in _planned(spec)]
+                    for r in planned]
     target = out_dir or default_workdir(name) / "report"
     summary = build_report(name, uri, target, reference=ref or "standard", target=target_variant,
                            log_to_mlflow=not no_log, expected=expected, corpus=corpus)
@@ -308,14 +313,18 @@ def status(study: str = typer.Argument(..., help="Study name or spec path."),
 
     name, uri = _study_uri(study, tracking_uri)
     planned = _load(Path(study)) if Path(study).is_file() else None
-    rows = study_status(name, uri, planned)
+    notes: list[str] = []
+    rows = study_status(name, uri, planned, warn=notes.append)
+    for line in notes:
+        err.print(f"[yellow]warning[/]: {escape(line)}")
     jobs = []
     if address:
         from orchestrator.run.submit import study_jobs
 
         jobs = study_jobs(address, name, allow_insecure=allow_insecure)
     if as_json:
-        print(json.dumps({"runs": rows, "jobs": jobs, "study_lease": study_lease_line(name, planned)}, indent=2, default=str))
+        print(json.dumps({"runs": rows, "jobs": jobs, "study_lease": study_lease_line(name, planned), "data_notes": notes},
+                         indent=2, default=str))
         return
     out.print(status_table(name, uri, rows, study_lease_line(name, planned)))
     for j in jobs:

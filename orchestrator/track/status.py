@@ -3,6 +3,7 @@ leases from the study's storage: who drives the study, who trains each run, hear
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +69,13 @@ def study_lease_line(study: str, spec: Any | None = None) -> str:
     return f"study lease: {'held by ' + describe_holder(h) if isinstance(h, Holder) else describe_holder(h) or 'free'}"
 
 
-def study_status(study: str, tracking_uri: str, spec: Any | None = None) -> list[dict[str, Any]]:
+def study_status(study: str, tracking_uri: str, spec: Any | None = None,
+                 warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Rows {run_name, run_id, status, tokens, planned_tokens, val_ppl, note, lease} for a study.
 
-    With the study's spec, planned runs that MLflow does not hold yet appear as ``planned``.
+    With the study's spec, planned runs that MLflow does not hold yet appear as ``planned``;
+    their ids are computed on the data MLflow's runs were trained on where the data here
+    differs (``track.data_match``), and ``warn`` gets one line naming both content hashes.
     ``lease``: who holds the run's lease (the pack that trains it) and its heartbeat age, or ''.
     Reading never creates a store: a missing SQLite file is read as empty.
 
@@ -100,9 +104,12 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None) -> list
             "lease": describe_holder(_holder(lease_storage(study, spec), run_lease_name(run_id))),
         })
     if spec is not None:
-        from orchestrator.plan.inputs import plan_study
+        from orchestrator.track.data_match import plan_against
 
-        for run in plan_study(spec, strict=False):  # ids cover the data, as the runner's do
+        planned, notes = plan_against(spec, runs.values())  # ids cover the data, as the runner's do
+        for line in notes:
+            (warn or (lambda _: None))(line)
+        for run in planned:
             if run.run_id not in runs:
                 rows.append({"run_name": run.run_name, "run_id": run.run_id, "status": STATUS_PLANNED, "tokens": None,
                              "planned_tokens": run.tokens, "val_ppl": None, "note": "", "lease": ""})
