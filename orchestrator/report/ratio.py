@@ -202,20 +202,32 @@ def _wall_ratio(res: RatioResult, ref: Runs, tgt: Runs) -> Estimate:
     return Estimate(float(at / t_v), tr.censored, tr.direction)
 
 
+def _curve(curves: pd.DataFrame, scale: str, variant: str, extend: float) -> pd.DataFrame:
+    """One (scale, variant, extend)'s seed-mean eval curve, by tokens, without the step-0 point."""
+    c = curves[(curves["scale"] == scale) & (curves["variant"] == variant) & (curves["extend"] == extend)]
+    return c[c["step"] > 0].sort_values("step")
+
+
 def _single_run(res: RatioResult, curves: pd.DataFrame | None, target: float, d_c: float) -> None:
-    """The reference's longest run's seed-mean eval curve, read where it crosses the target."""
+    """The reference's longest run's seed-mean eval curve, read where it crosses the
+    variant's last eval-curve point (the same validation windows as the curve it is read
+    on; the final pass averages more windows, so its perplexity is another quantity), or
+    the variant's final perplexity when the variant has no curve."""
     if curves is None or curves.empty:
         res.single_run.reason = "no eval curves"
         return
     e = max(res.ref_extends)
-    c = curves[(curves["scale"] == res.scale) & (curves["variant"] == res.reference) & (curves["extend"] == e)]
-    c = c[c["step"] > 0].sort_values("step")
+    c = _curve(curves, res.scale, res.reference, e)
     if c.empty:
         res.single_run.reason = f"no val/ppl curve for {res.reference} x{e:g}"
         return
+    own = _curve(curves, res.scale, res.variant, 1.0)
+    on = f"{res.variant}'s last eval point" if len(own) else f"{res.variant}'s final perplexity"
+    if len(own):
+        target = float(own["mean"].iloc[-1])
     d, direction = curve_crossing(c["step"].to_numpy(float), c["mean"].to_numpy(float), target)
     res.single_run = Estimate(d / d_c, direction is not None, direction)
     res.single_run_source = (
-        f"single-run curve estimate: eval curve of {res.reference} x{e:g} (mean of {int(c['n_seeds'].max())} seeds), "
-        "read at points before that run's learning rate has decayed"
+        f"single-run curve estimate: eval curve of {res.reference} x{e:g} (mean of {int(c['n_seeds'].max())} seeds) "
+        f"where it reaches {on} ({target:.4g}), read at points before that run's learning rate has decayed"
     )

@@ -152,3 +152,28 @@ def test_single_run_estimate_is_flagged_when_it_disagrees_with_the_extend_estima
     assert single_run_disagreement(result(Estimate(3.0, True, ">"), (2.5, 3.0, "", ">"), Estimate(3.0, True, ">"))) is None
     # a censored curve estimate beyond an uncensored interval end is outside it
     assert single_run_disagreement(result(Estimate(1.3), inside, Estimate(1.6, True, ">"))).startswith("curve >1.60x outside")
+
+
+def test_single_run_estimate_reads_the_curve_at_the_variants_last_curve_point():
+    """The curve is measured on the eval windows; the final pass averages more windows, so the
+    variant's final perplexity (12 here) is not the level to look for on the reference's curve:
+    its last curve point (10) is. The reference's curve reaches 10 at 2.5e5 tokens (12 at 2e5)."""
+    from orchestrator.report.ratio import token_ratio
+
+    d_c = 1e5
+    rows = [dict(scale="xs", variant=v, seed=s, extend=e, tokens=d_c * e, final_ppl=p, complete=True,
+                 flops_per_token=1.0, final_wall_s=1.0)
+            for v, e, p in (("coupled", 1.0, 12.0), ("standard", 1.0, 14.0), ("standard", 3.0, 8.0)) for s in (0, 1)]
+    ref_steps = np.array([1e5, 2e5, 2.5e5, 3e5])
+    curves = pd.DataFrame(
+        [dict(scale="xs", variant="standard", extend=3.0, step=t, mean=p, n_seeds=2)
+         for t, p in zip(ref_steps, (16.0, 12.0, 10.0, 9.0))]
+        + [dict(scale="xs", variant="coupled", extend=1.0, step=t, mean=p, n_seeds=2)
+           for t, p in ((5e4, 20.0), (1e5, 10.0))])
+    r = token_ratio("xs", "coupled", "standard", pd.DataFrame(rows), curves)
+    assert r.single_run.value == pytest.approx(2.5) and not r.single_run.censored
+    assert "coupled's last eval point (10)" in r.single_run_source
+    # without the variant's own curve the final perplexity is the level, as before
+    r = token_ratio("xs", "coupled", "standard", pd.DataFrame(rows), curves[curves["variant"] == "standard"])
+    assert r.single_run.value == pytest.approx(2.0)
+    assert "coupled's final perplexity" in r.single_run_source
