@@ -1,0 +1,50 @@
+"""README.md names only what the CLI has: every `qkstudy <command> ... --option` it shows (the
+Commands table, "On a cluster") is a command and an option of `qkstudy` (issue 16: the README
+documented a `submit --image` the CLI had dropped), and its layout table has every top-level
+folder the repository ships."""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from orchestrator.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+def _commands() -> dict[str, set[str]]:
+    """'data prepare' -> its option names, for every (sub)command of qkstudy."""
+    out: dict[str, set[str]] = {}
+
+    def walk(cmd: Any, prefix: str) -> None:
+        if hasattr(cmd, "commands"):  # a group (typer vendors its own click)
+            for name, sub in cmd.commands.items():
+                walk(sub, f"{prefix} {name}".strip())
+        else:
+            out[prefix] = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+
+    walk(typer.main.get_command(app), "")
+    return out
+
+
+def test_every_documented_command_and_option_exists():
+    commands = _commands()
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.S))
+    uses = re.findall(r"`qkstudy ([^`]+)`", README) + re.findall(r"^qkstudy (.+)$", blocks, re.M)
+    assert len(uses) > 20
+    for use in uses:
+        words = use.split("#")[0].split()
+        name = next((c for c in sorted(commands, key=len, reverse=True) if words[:len(c.split())] == c.split()), None)
+        assert name is not None, f"README shows `qkstudy {use}`: no such command"
+        for opt in re.findall(r"(--[a-z][a-z-]*)", use.split("#")[0]):
+            assert opt in commands[name] | {"--help"}, f"README shows `qkstudy {use}`: {name} has no {opt}"
+
+
+def test_layout_table_has_every_top_level_folder():
+    layout = README.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `([^`]+)/` \|", layout, re.M))
+    for folder in ("model", "data_pipeline", "jobs", "docker", "tests"):
+        assert folder in rows, folder
