@@ -161,6 +161,10 @@ def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
         from orchestrator.plan.tune_plan import tuning_summary
 
         out.print(tuning_summary(s, runs))
+    if s.extend:  # the reference's compute under either protocol (issue 15: branches vs independent)
+        from orchestrator.plan.branch_runs import reference_compute
+
+        out.print(reference_compute(s, runs))
     if power:
         out.print(power, highlight=False)
 

@@ -6,7 +6,8 @@ FLOPs per token, 3 x forward, from ``model.count_model``) and variant v trains C
 tokens; in ``tokens`` mode every variant trains D_ref; in ``wallclock`` mode every variant
 trains for the reference's seconds at its own throughput (a table passed in by the caller,
 ``orchestrator.plan.throughput``; the planner reads no file and measures nothing). ``extend`` adds reference runs of
-e x D_ref tokens, each with its own full schedule. Budgets round to whole optimizer steps
+e x D_ref tokens, each with its own full schedule; under ``protocol: branches`` those
+reference runs are one trunk and its cooldown branches (``orchestrator.plan.branch_runs``). Budgets round to whole optimizer steps
 (global_batch x seq_len tokens), so matched FLOPs agree within one step's worth of tokens.
 
 Run identity: ``run_id`` is the first 16 hex digits of the SHA-256 of the canonical JSON of
@@ -25,9 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import partial
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from model import ModelCounts, count_model
 from orchestrator.plan.custom_scales import scale_config, scale_recipe
@@ -110,6 +112,13 @@ class RunSpec(BaseModel):
     data_hash: str | None = None
     calibration: dict[str, Any] | None = None
     kind: str = "train"  # or "tune" (orchestrator.plan.tune_plan); in the identity only when not train
+    # protocol: branches (orchestrator.plan.branch_runs). A branch starts from the checkpoint
+    # its trunk (``trunk``: the trunk's run_id) saved after ``branch_step`` optimizer steps;
+    # the trunk (``trunk`` None, ``branch_step`` its own decay start) saves one at each of its
+    # ``branch_points``.
+    trunk: str | None = None
+    branch_step: int | None = None
+    branch_points: list[int] = Field(default_factory=list)
 
     @property
     def run_name(self) -> str:
@@ -243,12 +252,21 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
         extra = {"data_hash": data_hash, "calibration": _calibration_record(study, scale, table)}
         for v in study.variants:
             d_v = _variant_tokens(study, scale, v.name, d_ref, ref, counts[v.name], table)
-            multipliers = [1.0] + (list(study.extend) if v.name == study.reference else [])
+            branched = study.protocol == "branches" and v.name == study.reference
+            multipliers = [1.0] + (list(study.extend) if v.name == study.reference and not branched else [])
+            lr = tuned_lr.get((v.name, scale)) or v.lr or base.lr
             for seed in study.seeds:
+                if branched:
+                    from orchestrator.plan.branch_runs import branch_family
+
+                    make = partial(_run_spec, study, corpus_name, corpus, v, scale, seed, model_cfg=configs[v.name].model_dump(),
+                                   c=counts[v.name], eval_every=eval_every, extra=extra)
+                    runs.extend(branch_family(study, d_v, base.model_copy(update={"lr": lr}), make))
+                    continue
                 for e in multipliers:
                     steps = _steps_for(d_v * e, tps)
                     train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps)),
-                                                    "lr": tuned_lr.get((v.name, scale)) or v.lr or base.lr})
+                                                    "lr": lr})
                     runs.append(_run_spec(study, corpus_name, corpus, v, scale, seed, e, configs[v.name].model_dump(),
                                           counts[v.name], steps, train, eval_every, extra))
     return runs
@@ -285,9 +303,11 @@ def _variant_tokens(study: Study, scale: str, variant: str, d_ref: int, ref: Mod
 
 def _run_spec(study: Study, corpus_name: str, corpus: dict[str, Any], v: VariantSpec, scale: str, seed: int,
               e: float, model_cfg: dict[str, Any], c: ModelCounts, steps: int, train: TrainRecipe,
-              eval_every: int, extra: dict[str, Any]) -> RunSpec:
+              eval_every: int, extra: dict[str, Any], branch: dict[str, Any] | None = None) -> RunSpec:
     """One RunSpec, its ``run_id`` hashed from what it computes (module docstring); ``extra``
-    holds its ``data_hash`` (in the identity) and ``calibration`` record (not in it)."""
+    holds its ``data_hash`` (in the identity) and ``calibration`` record (not in it);
+    ``branch`` (protocol: branches only, so independent ids are unchanged) its trunk,
+    branch_step and branch_points, which enter the identity."""
     identity = {
         "v": IDENTITY_VERSION,
         "variant": v.name,
@@ -304,6 +324,8 @@ def _run_spec(study: Study, corpus_name: str, corpus: dict[str, Any], v: Variant
         "tokenizer": study.tokenizer.model_dump(mode="json"),
         "data": extra["data_hash"],
     }
+    if branch is not None:
+        identity["branch"] = {"protocol": "branches", **branch}
     tokens = steps * train.tokens_per_step
     return RunSpec(
         study=study.name,
@@ -332,4 +354,5 @@ def _run_spec(study: Study, corpus_name: str, corpus: dict[str, Any], v: Variant
         tokenizer=study.tokenizer.model_dump(mode="json"),
         resources=study.resources,
         **extra,
+        **(branch or {}),
     )

@@ -52,7 +52,7 @@ def _tuning_spec(study: Study, base: RunSpec, t: TuningRun) -> RunSpec:
     return base.model_copy(update={
         "run_id": run_identity({"base": base.run_id, **t.identity()}), "kind": t.kind, "seed": t.seed,
         "extend": 1.0, "steps": t.steps, "tokens": t.tokens, "total_flops": t.total_flops, "train": train,
-        "eval_every_steps": eval_every,
+        "eval_every_steps": eval_every, "trunk": None, "branch_step": None, "branch_points": [],  # a tuning run branches from nothing
     })
 
 

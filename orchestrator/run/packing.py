@@ -3,7 +3,9 @@
 Starting a worker group costs seconds per run (``resources.runs_per_trainer``, BENCHMARKS.md),
 so the plan's launch order (longest first) is cut into fixed packs of consecutive runs. A
 pack is fixed by the plan, not by what is left to do, so a resubmitted study finds each
-pack's checkpoints under the same Ray Train run name. ``fit_pack`` is the lightweight Ray
+pack's checkpoints under the same Ray Train run name. Under ``protocol: branches`` a trunk and
+its branches are one pack of their own, trunk first (a branch starts from the trunk's
+checkpoints, ``run.branching``), whatever ``runs_per_trainer`` says. ``fit_pack`` is the lightweight Ray
 task that owns one pack's TorchTrainer and reads each run's outcome back from MLflow.
 """
 
@@ -45,19 +47,35 @@ def launch_order(runs: list[RunSpec]) -> list[RunSpec]:
     return sorted(runs, key=lambda r: -r.total_flops / r.resources.workers)
 
 
+def _pack(chunk: list[RunSpec], todo_ids: set[str], named_by_run: bool) -> Pack | None:
+    """The pack of ``chunk`` (named as ``Pack`` says) holding its runs in ``todo_ids``, or None."""
+    name = chunk[0].run_id if named_by_run else \
+        "pack-" + hashlib.sha256(",".join(r.run_id for r in chunk).encode()).hexdigest()[:16]
+    keep = tuple(r for r in chunk if r.run_id in todo_ids)
+    return Pack(name, keep) if keep else None
+
+
+def branch_families(order: list[RunSpec]) -> list[list[RunSpec]]:
+    """Trunk-and-branches groups of ``order`` (``protocol: branches``): the trunk first, then
+    its branches by branch step; in the order of their trunks."""
+    families: dict[str, list[RunSpec]] = {}
+    for r in order:
+        if r.branch_points or r.trunk:
+            families.setdefault(r.trunk or r.run_id, []).append(r)
+    return [sorted(f, key=lambda r: (r.trunk is not None, r.branch_step or 0)) for f in families.values()]
+
+
 def make_packs(order: list[RunSpec], todo_ids: set[str]) -> list[Pack]:
     """Cut the plan's launch order into packs of ``runs_per_trainer`` consecutive runs (similar
-    lengths, as the order is longest first), then keep only the runs in ``todo_ids``."""
-    packs = []
+    lengths, as the order is longest first), then keep only the runs in ``todo_ids``. Branch
+    families come first (their trunk is the longest run), one pack each."""
+    families = branch_families(order)
+    packs = [_pack(f, todo_ids, named_by_run=False) for f in families]
+    in_family = {r.run_id for f in families for r in f}
+    rest = [r for r in order if r.run_id not in in_family]
     size = order[0].resources.runs_per_trainer if order else 1
-    for i in range(0, len(order), size):
-        chunk = order[i:i + size]
-        name = chunk[0].run_id if size == 1 else \
-            "pack-" + hashlib.sha256(",".join(r.run_id for r in chunk).encode()).hexdigest()[:16]
-        keep = tuple(r for r in chunk if r.run_id in todo_ids)
-        if keep:
-            packs.append(Pack(name, keep))
-    return packs
+    packs += [_pack(rest[i:i + size], todo_ids, named_by_run=size == 1) for i in range(0, len(rest), size)]
+    return [p for p in packs if p is not None]
 
 
 def pack_items(pack: Pack, datasets: dict[str, dict[str, Any]], mlflow_ids: dict[str, str]) -> list[dict[str, Any]]:
@@ -80,7 +98,7 @@ def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str,
     use_gpu = res.gpus_per_worker > 0
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"runs": items, "tracking_uri": tracking_uri, "board": board},
+        train_loop_config={"runs": items, "tracking_uri": tracking_uri, "board": board, "storage_path": storage_path},
         scaling_config=ScalingConfig(num_workers=res.workers, use_gpu=use_gpu, resources_per_worker=worker_resources(res)),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=RunConfig(name=name, storage_path=storage_path,
@@ -129,4 +147,8 @@ def _fit(name: str, items: list[dict], tracking_uri: str, storage_path: str, boa
         cause = getattr(e, "__cause__", None) or getattr(e, "worker_failures", None)
         if cause:
             crash += f" (cause: {cause})"
-    return _outcomes(items, tracking_uri, crash)
+    outcomes = _outcomes(items, tracking_uri, crash)
+    from orchestrator.run.branching import release_branch_points
+
+    release_branch_points([RunSpec.model_validate(i["run"]) for i in items], outcomes, storage_path)
+    return outcomes

@@ -85,14 +85,16 @@ class RunLoop:
     """One worker's share of a run. ``rank``/``world_size`` come from the Ray Train context;
     ``step_hook`` (fault injection in tests) runs before every optimizer step when given;
     ``data_hash`` is the prepared data's content hash (a checkpoint of the same run on other
-    data is never resumed); ``guard`` the process's watchdog (``run.stall``; none: unwatched)."""
+    data is never resumed); ``guard`` the process's watchdog (``run.stall``; none: unwatched);
+    ``storage_path`` the study's storage (branch points of ``protocol: branches``, ``run.branching``)."""
 
     def __init__(self, run: RunSpec, data_path: str, tracking_uri: str, mlflow_run_id: str,
                  rank: int, world_size: int, board: str | None = None, step_hook: StepHook | None = None,
-                 data_hash: str | None = None, guard: WorkerGuard | None = None):
+                 data_hash: str | None = None, guard: WorkerGuard | None = None, storage_path: str = ""):
         self.run, self.rank, self.world = run, rank, world_size
         self.step_hook, self.data_hash, self.guard = step_hook, data_hash, guard or WorkerGuard(rank, tracking_uri)
         self.data_path, self.tracking_uri, self.mlflow_run_id, self.board = data_path, tracking_uri, mlflow_run_id, board
+        self.storage_path = storage_path
         self.dist = _Dist()
         self.on_gpu = torch.cuda.is_available() and run.resources.gpus_per_worker > 0
         self.geom = batch_geometry(run.train.global_batch, world_size, run.train.micro_batch)
@@ -238,7 +240,7 @@ class RunLoop:
             if ended:
                 return ended
             self._build()
-            state = self._restore()
+            state = self._branch_start(self._restore())
         r = self.run
         self.rec = rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world,
                        data=(r.corpus_name, self.data_path, self.data_hash))
@@ -265,6 +267,9 @@ class RunLoop:
                 evals += 1
                 with self.guard.section("eval"):
                     self._eval_step(rec, step, wall_s, evals, is_last)
+            if step in r.branch_points:  # a trunk: keep this step's checkpoint for its branches
+                with self.guard.section("checkpoint"):
+                    self._branch_point(step, wall_s, evals)
         with self.guard.section("checkpoint"):  # every rank: ZeRO-3 gathers are collective
             from orchestrator.run.final_weights import save_final_weights
 
@@ -272,6 +277,28 @@ class RunLoop:
                                rank=self.rank, step=step, tokens=step * r.train.tokens_per_step)
         rec.finished(step)
         return STATUS_FINISHED
+
+    def _branch_start(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A branch (``protocol: branches``) without a checkpoint of its own starts from its
+        trunk's branch point, its curve copied from the trunk's (``run.branching``)."""
+        if state["step"] or self.run.trunk is None:
+            return state
+        from orchestrator.run.branching import copy_trunk_history, restore_branch_point
+
+        state = restore_branch_point(self.engine, self.scheduler, self.run, self.storage_path)
+        if self.rank == 0:
+            copy_trunk_history(client_for(self.tracking_uri), state["trunk_mlflow_run_id"], self.mlflow_run_id,
+                               state["step"] * self.run.train.tokens_per_step)
+        return state
+
+    def _branch_point(self, step: int, wall_s: float, evals: int) -> None:
+        """Save the retained checkpoint a branch starts from (``run.branching``); collective."""
+        from orchestrator.run.branching import branch_point_dir, save_branch_point
+
+        state = {"step": step, "wall_s": wall_s, "evals": evals, "mlflow_run_id": self.mlflow_run_id,
+                 "run_id": self.run.run_id, "data_hash": self.data_hash}
+        save_branch_point(self.engine, branch_point_dir(self.storage_path, self.run.run_id, step), state, self.rank,
+                          lambda: self.dist.sum([0.0], self.device))
 
     def _eval_step(self, rec: Recorder, step: int, wall_s: float, evals: int, is_last: bool) -> None:
         """Evaluate the curve's windows (and, when ``is_last``, the final pass: those plus the
@@ -387,7 +414,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     for item in config["runs"]:
         loop = RunLoop(RunSpec.model_validate(item["run"]), item["data_path"], config["tracking_uri"],
                        item["mlflow_run_id"], ctx.get_world_rank(), ctx.get_world_size(), config.get("board"),
-                       step_hook=step_hook, data_hash=item.get("data_hash"), guard=guard)
+                       step_hook=step_hook, data_hash=item.get("data_hash"), guard=guard,
+                       storage_path=config.get("storage_path", ""))
         statuses.append(loop.run_loop())
         del loop  # free the engine (weights, optimizer states) before the next run builds its own
         gc.collect()

@@ -203,6 +203,8 @@ def create_run(client: MlflowClient, experiment_id: str, spec: Any, extra_params
         "extend": spec.extend_tag,
         "status": STATUS_QUEUED,
     }
+    if getattr(spec, "branch_step", None) is not None:  # protocol: branches: its trunk (a trunk is its own)
+        tags.update(trunk=spec.trunk or spec.run_id, branch_step=str(spec.branch_step))  # and where it branches
     run = client.create_run(experiment_id, run_name=spec.run_name, tags=tags)
     params = {
         "n_params": spec.n_params,
