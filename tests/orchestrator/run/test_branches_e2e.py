@@ -5,20 +5,23 @@ One study (cpu-xs, x1 = 20 steps, extend [1.5, 2]): the trunk (x2, 40 steps) is 
 checkpoint at its branch point. Checked: every branch's curve starts at the first step, each
 branch's logged ``lr`` is its own WSD schedule, the x1 branch is the trunk up to its branch
 point (copied history, and its first own step reproduces the trunk's loss: the checkpoint
-restored exactly), branch points are gone at the end, and a re-run trains nothing."""
+restored exactly), branch points are gone at the end, the report reads the branches as the
+reference's extend runs, and a re-run trains nothing."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from orchestrator.run.optim import lr_multiplier
-from tests.orchestrator.run.test_faults import BASE, TPS, _env, _finish, _plan, _reap, _runs, _start, _write
+from tests.orchestrator.run.test_faults import BASE, QKSTUDY, TPS, _env, _finish, _plan, _reap, _runs, _start, _write
 
 pytestmark = pytest.mark.slow
 
-SPEC = {"variants": ["standard"], "extend": [1.5, 2], "protocol": "branches",
+SPEC = {"variants": ["standard", "coupled"], "extend": [1.5, 2], "protocol": "branches",
         "train": {**BASE["train"], "schedule": "wsd"}, "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2}}
 
 
@@ -39,7 +42,7 @@ def test_branched_study_trains_trunk_and_cooldowns_resumes_and_keeps_nothing(tmp
     plan = {r["run_id"]: r for r in _plan(spec)}
     c, runs = _runs(tmp_path, "branched")
     assert sorted(runs) == sorted(plan)
-    by_extend = {float(r.data.tags["extend"]): r for r in runs.values()}
+    by_extend = {float(r.data.tags["extend"]): r for r in runs.values() if r.data.tags["variant"] == "standard"}
     trunk = by_extend[2.0]
     assert trunk.data.tags["restarts"] == "1"  # the kill landed in the trunk, which resumed
     for e, steps, b in ((1.0, 20, 16), (1.5, 30, 24), (2.0, 40, 32)):
@@ -63,11 +66,17 @@ def test_branched_study_trains_trunk_and_cooldowns_resumes_and_keeps_nothing(tmp
     assert x1_loss[18 * TPS] != trunk_loss[18 * TPS]  # then the cooldown's own updates
     points = Path(tmp_path / "runs" / "branched" / "ray" / "branch_points")
     assert not points.exists() or not any(points.iterdir()), list(points.rglob("*"))[:5]
+    rep = subprocess.run([str(QKSTUDY), "report", spec.name, "--out", str(tmp_path / "report"), "--json"],
+                         cwd=spec.parent, env=_env(), capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    ratio = json.loads(rep.stdout)[0]["ratios"]["coupled"]
+    assert ratio["ref_extends"] == [1.0, 1.5, 2.0], ratio  # the branches stand for the extend runs
     again = _start(spec, _env())
     try:
         err2 = _finish(again, 300)
     finally:
         _reap(again)
-    assert again.returncode == 0 and "3 run(s) already finished in MLflow: skipped (Ray not started)" in err2, err2[-2000:]
+    assert again.returncode == 0 and "4 run(s) already finished in MLflow: skipped (Ray not started)" in err2, err2[-2000:]
     print(f"\n[branches] trunk 40 steps (killed at 18, restarts 1), branches x1 from 16, x1.5 from 24; "
-          f"x1 final/val_loss {x1.data.metrics['final/val_loss']:.4f}, trunk {trunk.data.metrics['final/val_loss']:.4f}")
+          f"x1 final/val_loss {x1.data.metrics['final/val_loss']:.4f}, trunk {trunk.data.metrics['final/val_loss']:.4f}; "
+          f"coupled token ratio {ratio['token_ratio']['display']}")
