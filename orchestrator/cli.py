@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,13 +27,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from orchestrator.cli_weights import register as register_weight_commands
+from orchestrator.track.http_env import apply_http_env
 
 # MLflow announces every new SQLite store at INFO; the CLI prints what matters itself.
 logging.getLogger("mlflow").setLevel(logging.WARNING)
 logging.getLogger("alembic").setLevel(logging.WARNING)
-# An unreachable tracking server fails in seconds, not after minutes of silent retries.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+# An unreachable tracking server fails a request in seconds, not after minutes of silent
+# retries; runs ride out an outage in their metric buffer instead (track.http_env).
+apply_http_env()
 
 # A traceback never lists local variables: they hold tracking URIs with their passwords.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,

@@ -4,7 +4,8 @@ Rank 0 alone writes, so every rank holds a ``Recorder`` and calls the same metho
 same points of the loop; on other ranks they do nothing. That keeps the loop free of rank
 branches and puts every MLflow write of a run in one place. Step = tokens seen; points at
 steps MLflow already holds (a resume recomputes the steps after its checkpoint) are dropped
-by the ``MetricBuffer``, so no step is logged twice.
+by the ``MetricBuffer`` (``track.metric_buffer``), so no step is logged twice; it keeps
+points through a tracking-server outage of a few minutes and writes them when it answers.
 
 Beside the metrics: the run's training data as an MLflow dataset input (``log_training_data``)
 and MLflow's system metrics (``system/cpu_utilization_percentage``, ``system/system_memory_usage_megabytes``,
@@ -28,11 +29,12 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from orchestrator.plan.planner import RunSpec
 from orchestrator.run.mfu import device_peak_flops, mfu
 from orchestrator.run.progress import report_progress
+from orchestrator.track.http_env import apply_http_env
+from orchestrator.track.metric_buffer import MetricBuffer
 from orchestrator.track.tracking import (
     STATUS_FAILED,
     STATUS_FINISHED,
     STATUS_RUNNING,
-    MetricBuffer,
     client_for,
     last_logged_step,
     set_status,
@@ -75,17 +77,21 @@ class Recorder:
         self.sysmon: Any = None  # mlflow's SystemMetricsMonitor while the run trains (imported at start)
         if not active:
             return
+        apply_http_env()  # a cluster's workers do not inherit the driver's settings (track.http_env)
         self.client = client_for(tracking_uri)
         self.metrics = MetricBuffer(self.client, mlflow_run_id, resume_after=last_logged_step(self.client, mlflow_run_id))
         peak = device_peak_flops()
         self.peak_flops = peak * devices if peak else None
 
-    def start(self, step: int) -> None:
-        """Mark the run running; on a restart (``step`` > 0) count it and say from where. The
-        throughput clock starts here."""
+    def start(self, step: int, fallback: str | None = None) -> None:
+        """Mark the run running; on a restart (``step`` > 0) count it and say from where;
+        ``fallback`` (``run.resume``: corrupt checkpoints skipped) goes to the
+        ``resume_fallback`` tag. The throughput clock starts here."""
         if not self.active:
             return
         set_status(self.client, self.mlflow_run_id, STATUS_RUNNING)
+        if fallback:
+            self.client.set_tag(self.mlflow_run_id, "resume_fallback", fallback[:5000])
         if self.data and self.data[2]:
             log_training_data(self.client, self.mlflow_run_id, self.data[0], self.data[1], self.data[2])
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
@@ -155,8 +161,8 @@ class Recorder:
         if not self.active:
             return
         tokens = step * self.tps
-        self.metrics.flush()
+        self.metrics.flush(wait=True)  # rides out an outage within its bound (track.metric_buffer)
         if self.sysmon is not None:
             self.sysmon.finish()  # flushes its last samples while the run is still RUNNING
-        set_status(self.client, self.mlflow_run_id, status, reason=reason, tokens=tokens)
+        self.metrics.call(lambda: set_status(self.client, self.mlflow_run_id, status, reason=reason, tokens=tokens))
         report_progress(self.board, self.run.run_id, tokens=tokens, planned=self.run.tokens, state=status)

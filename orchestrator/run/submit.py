@@ -206,7 +206,10 @@ def build_job(spec_path: str | Path, address: str, *, allow_insecure: bool = Fal
         rel = spec_abs
     entrypoint = shell_join(["python", "-m", "orchestrator.cli", "run", rel.as_posix()])
     job_id = "raysubmit_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(16))
-    runtime_env["env_vars"] = {**{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}, JOB_ID_ENV: job_id}
+    from orchestrator.track.http_env import forwarded_http_env  # the cluster's workers retry MLflow as the driver does
+
+    runtime_env["env_vars"] = {**forwarded_http_env(), **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)},
+                               JOB_ID_ENV: job_id}
     return {"address": addr, "entrypoint": entrypoint, "runtime_env": runtime_env,
             "metadata": {"study": study.name, "spec": rel.as_posix()}, "study": study.name, "submission_id": job_id}
 

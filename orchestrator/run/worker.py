@@ -124,22 +124,19 @@ class RunLoop:
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.on_gpu else nullcontext()
 
     def _restore(self) -> dict[str, Any]:
-        """Load the latest Ray Train checkpoint, if any; return the loop state it holds."""
-        import ray.train
+        """Load the newest whole Ray Train checkpoint of this run, if any (``run.resume``: a
+        corrupt latest one falls back to the one before); return the loop state it holds."""
+        from orchestrator.run.checkpoint import load_engine_checkpoint  # weights-only: storage is shared
+        from orchestrator.run.resume import candidates, restore_newest_whole
 
         fresh = {"step": 0, "wall_s": 0.0, "evals": 0}
-        ckpt = ray.train.get_checkpoint() if _in_ray_train() else None
-        if ckpt is None:
-            return fresh
-        with ckpt.as_directory() as d:
-            state = json.loads((Path(d) / STATE_FILE).read_text())
-            if state.get("run_id") != self.run.run_id:  # another run of the same pack
-                return fresh
-            if self.data_hash is not None and state.get("data_hash", self.data_hash) != self.data_hash:
-                return fresh  # this run on other data (an id planned without the data): start over
-            from orchestrator.run.checkpoint import load_engine_checkpoint  # weights-only: storage is shared
-
-            load_engine_checkpoint(self.engine, d, CKPT_TAG)
+        dev = _collective_device(self.on_gpu)
+        state = restore_newest_whole(
+            candidates() if _in_ray_train() else [], lambda d: load_engine_checkpoint(self.engine, d, CKPT_TAG),
+            run_id=self.run.run_id, data_hash=self.data_hash, rank=self.rank, state_file=STATE_FILE,
+            any_rank=lambda flag: self.dist.sum([float(flag)], dev)[0] > 0, log=worker_log, rebuild=self._build)
+        if state is None or "step" not in state:
+            return {**fresh, **(state or {})}
         if state["mlflow_run_id"] != self.mlflow_run_id:
             # The checkpoint is the record of truth: continue the MLflow run it was writing.
             self.mlflow_run_id = state["mlflow_run_id"]
@@ -223,6 +220,9 @@ class RunLoop:
                 tmp = Path(d) / (STATE_FILE + ".tmp")
                 tmp.write_text(json.dumps(state))
                 tmp.rename(Path(d) / STATE_FILE)
+            from orchestrator.run.ckpt_manifest import write_manifest
+
+            write_manifest(d, self.rank, self.world)  # last: this share is whole (run.ckpt_manifest)
             own = sum(f.stat().st_size for f in Path(d).rglob("*") if f.is_file())
             (size,) = self.dist.sum([float(own)], self.device)
             t1 = time.perf_counter()
@@ -244,7 +244,7 @@ class RunLoop:
         r = self.run
         self.rec = rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world,
                        data=(r.corpus_name, self.data_path, self.data_hash))
-        rec.start(state["step"])
+        rec.start(state["step"], fallback=state.get("resume_fallback"))
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         self.engine.train()
         while step < r.steps:
