@@ -8,12 +8,25 @@ dynamics, Euler or leapfrog), `uncoupled_mlp` (q-only MLP control), `differentia
 `register` call. Every module reports its parameters and `num_flops_per_token(seq_len)`
 (model FLOPs, the definition's); the model sums them, and `model.info` cross-checks the
 sum against torch's FlopCounterMode. The same seed gives every variant the same backbone
-weights (`model.init`). No distributed code lives here.
+weights (`model.init`). Configs, presets, the registry and the counts (`model.counts`) import
+no torch; `GPT` loads it on first use. No distributed code lives here.
 """
+from typing import Any
+
 from model.config import VARIANTS, ModelConfig
-from model.gpt import GPT, ModelCounts, count_model
+from model.counts import ModelCounts, count_model
 from model.presets import PRESETS, build_config
 from model.registry import REGISTRY, Variant, get_variant, register
 
 __all__ = ["GPT", "ModelConfig", "ModelCounts", "PRESETS", "REGISTRY", "VARIANTS", "Variant", "build_config",
            "count_model", "get_variant", "register"]
+
+
+def __getattr__(name: str) -> Any:
+    # GPT (torch) loads on first use (PEP 562): configs, presets and counts are torch-free,
+    # so `qkstudy validate` / `plan` import no torch.
+    if name == "GPT":
+        from model.gpt import GPT
+
+        return GPT
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

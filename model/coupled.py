@@ -36,47 +36,24 @@ of (q, k, dt, f's weights); a transform's `impl` ("auto", "eager", "fused", "com
 it, the hand-fused autograd Functions, or torch.compile of it (`model.fused_qk`, where
 "auto" is defined). All compute the same function to float tolerance.
 
-Options (`DynamicsOptions`, `CoupledOptions`) and the factories `coupled_qk` / `uncoupled_qk`
+Options (`DynamicsOptions`, `CoupledOptions`, defined torch-free in `model.options`) and the factories `coupled_qk` / `uncoupled_qk`
 are what `model.registry` names for the variants built from these transforms.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from model.fused_qk import Weights, compiled, fused_coupled, fused_uncoupled, resolve_impl
 from model.init import uniform_
+from model.options import CoupledOptions, DynamicsOptions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
-
-
-class DynamicsOptions(BaseModel):
-    """Options of the learned-dynamics variants (`uncoupled_mlp`, and with `integrator` the
-    coupled ones), with their defaults.
-
-    n_steps: integration steps, 1..7. coupling_hidden: hidden width of f (None: head_dim).
-    coupling_sharing: "layer" (one f shared by the layer's heads) or "head" (one f per head).
-    dt_init: initial value of the learned per-head step dt.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    n_steps: int = Field(default=1, ge=1, le=7)
-    coupling_hidden: int | None = Field(default=None, gt=0)
-    coupling_sharing: Literal["layer", "head"] = "layer"
-    dt_init: float = 0.1
-
-
-class CoupledOptions(DynamicsOptions):
-    """`DynamicsOptions` plus integrator: "euler" or "leapfrog"."""
-
-    integrator: Literal["euler", "leapfrog"] = "euler"
 
 
 class CouplingMLP(nn.Module):

@@ -26,7 +26,6 @@ Counting conventions (DESIGN.md):
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,9 +33,12 @@ from torch import nn
 
 from model.attention import CausalSelfAttention
 from model.config import ModelConfig
+from model.counts import ModelCounts, count_model
 from model.coupled import DynamicsQK
 from model.fused_qk import check_impl
 from model.init import NoInitOnMeta, normal_, seeded_generator
+
+__all__ = ["GPT", "MLP", "STAGES", "Block", "ModelCounts", "count_instantiated", "count_model"]
 
 STAGES = ("qk_transform", "scoring")
 """The attention sub-modules a variant swaps (`model.registry`); the rest is the backbone."""
@@ -163,21 +165,11 @@ class GPT(nn.Module):
         return sum(b.num_flops_per_token(T, executed) for b in blocks) + 2 * self.cfg.d_model * self.cfg.vocab_size
 
 
-class ModelCounts(NamedTuple):
-    """Analytic size of a config: N (non-embedding), total parameters, FLOPs per token.
-    flops_per_token (training, 3 x forward, model FLOPs) is what budgets use;
-    executed_flops_per_token (training, 3 x executed forward) is reported beside it only."""
-
-    n_params: int
-    n_params_total: int
-    flops_per_token_fwd: int
-    flops_per_token: int  # training = 3 x forward
-    executed_flops_per_token: int
-
-
-def count_model(cfg: ModelConfig) -> ModelCounts:
-    """Parameter and FLOP counts of `GPT(cfg)` at cfg.seq_len without allocating weights
-    (the model is built on the meta device; milliseconds even at 350m)."""
+def count_instantiated(cfg: ModelConfig) -> ModelCounts:
+    """Parameter and FLOP counts of `GPT(cfg)` at cfg.seq_len, read off the model built on the
+    meta device (no weights allocated; milliseconds even at 350m). `count_model` (`model.counts`)
+    computes the same by arithmetic without torch; this is its reference (tests) and the count
+    of a variant registered without analytic counts."""
     with torch.device("meta"), NoInitOnMeta():
         m = GPT(cfg, seed=0)
     fwd = m.num_flops_per_token()

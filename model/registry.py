@@ -17,23 +17,36 @@ The stage contract the rest of `model/` relies on:
   more than the definition (a separate number, never in budgets); reset_parameters(generator)
   if the stage has parameters (`GPT` calls it with the stage's own generator, `model.init`).
   The stage's parameters are its parameter contribution (counted from the module).
+* the entry: `counts(cfg)`, the same contributions by arithmetic (`model.counts`, torch-free:
+  what the planner uses; tests/model/test_counts.py checks them against the built stages).
+  Stage factories are named lazily (`lazy("module:function")`), so this table imports no torch.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
-from torch import nn
 
-from model.coupled import CoupledOptions, DynamicsOptions, IdentityQK, coupled_qk, uncoupled_qk
-from model.init import NoInitOnMeta
-from model.scoring import SDPAScoring, differential_scoring
+from model.counts import (
+    Contributions,
+    coupled_counts,
+    coupled_differential_counts,
+    differential_counts,
+    uncoupled_counts,
+)
+from model.options import CoupledOptions, DynamicsOptions
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from model.config import ModelConfig
+
+__all__ = ["CONFIG_FIELDS", "REGISTRY", "VARIANTS", "Contributions", "Variant", "get_variant", "register",
+           "resolve_options", "stage_flops"]
 
 # ModelConfig's own fields: options may not reuse these names (they travel flat beside them).
 CONFIG_FIELDS = frozenset({"vocab_size", "seq_len", "n_layer", "d_model", "n_head", "variant", "options"})
@@ -57,15 +70,6 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Contributions(NamedTuple):
-    """What a variant adds to standard attention over the whole model (all layers): parameters
-    (all of them non-embedding) and forward FLOPs per token, model and executed."""
-
-    n_params: int
-    flops_per_token_fwd: int
-    executed_flops_per_token_fwd: int
-
-
 @dataclass(frozen=True)
 class Variant:
     """One attention variant (module docstring).
@@ -73,6 +77,8 @@ class Variant:
     qk_transform(cfg) and scoring(cfg, depth) build the swapped stages (depth = 0-based layer
     index); options is a pydantic model whose fields are the accepted options and defaults.
     paired_heads: the variant groups heads in pairs, so n_head must be even.
+    counts(cfg): what the stages add to standard attention over all layers, by arithmetic
+    (`model.counts`; torch-free, what the planner uses); None: counted on the built stages.
     """
 
     name: str
@@ -81,14 +87,26 @@ class Variant:
     qk_transform: Callable[[ModelConfig], nn.Module] | None = None
     scoring: Callable[[ModelConfig, int], nn.Module] | None = None
     paired_heads: bool = False
+    counts: Callable[[ModelConfig], Contributions] | None = None
 
     def make_qk_transform(self, cfg: ModelConfig) -> nn.Module:
         """The variant's QK transform for cfg (`IdentityQK` if it keeps standard's)."""
+        from model.coupled import IdentityQK
+
         return IdentityQK() if self.qk_transform is None else self.qk_transform(cfg)
 
     def make_scoring(self, cfg: ModelConfig, depth: int) -> nn.Module:
         """The variant's scoring kernel for layer depth (`SDPAScoring` if it keeps standard's)."""
+        from model.scoring import SDPAScoring
+
         return SDPAScoring(cfg.d_model, cfg.n_head) if self.scoring is None else self.scoring(cfg, depth)
+
+    def analytic_contributions(self, cfg: ModelConfig) -> Contributions | None:
+        """`counts(cfg)` (zero for a variant that swaps no stage), or None when the variant
+        swaps a stage and gives no counts (then only `contributions` can tell)."""
+        if self.qk_transform is None and self.scoring is None:
+            return Contributions(0, 0, 0)
+        return self.counts(cfg) if self.counts is not None else None
 
     def allowed(self) -> str:
         """'name=default, ...' of the accepted options ('none' if there are none)."""
@@ -97,7 +115,12 @@ class Variant:
 
     def contributions(self, cfg: ModelConfig) -> Contributions:
         """Parameters and forward FLOPs per token (at cfg.seq_len) that this variant's stages
-        add to standard attention, summed over cfg.n_layer layers (stages built on meta)."""
+        add to standard attention, summed over cfg.n_layer layers (stages built on meta: torch)."""
+        import torch
+
+        from model.init import NoInitOnMeta
+        from model.scoring import SDPAScoring
+
         T, base = cfg.seq_len, SDPAScoring(cfg.d_model, cfg.n_head).num_flops_per_token(cfg.seq_len)
         n = flops = executed = 0
         with torch.device("meta"), NoInitOnMeta():
@@ -161,12 +184,25 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"variant {name!r}: {problems}") from None
 
 
+def lazy(path: str) -> Callable[..., Any]:
+    """A stage factory named "module:function", imported on its first call, so the table (and
+    config validation, the planner) loads no torch until a model is built."""
+    module, name = path.split(":")
+
+    def make(*args: Any) -> Any:
+        return getattr(import_module(module), name)(*args)
+
+    make.__qualname__ = make.__name__ = path
+    return make
+
+
+_COUPLED, _DIFFERENTIAL = lazy("model.coupled:coupled_qk"), lazy("model.scoring:differential_scoring")
 register(Variant("standard", "softmax attention through fused SDPA"))
 register(Variant("coupled", "coupled QK dynamics (Euler or leapfrog), then SDPA", CoupledOptions,
-                 qk_transform=coupled_qk))
+                 qk_transform=_COUPLED, counts=coupled_counts))
 register(Variant("uncoupled_mlp", "control: q' = q + dt * f(q), k unchanged, then SDPA", DynamicsOptions,
-                 qk_transform=uncoupled_qk))
+                 qk_transform=lazy("model.coupled:uncoupled_qk"), counts=uncoupled_counts))
 register(Variant("differential", "Differential Attention (A1 - lambda * A2 over head pairs)",
-                 scoring=differential_scoring, paired_heads=True))
+                 scoring=_DIFFERENTIAL, paired_heads=True, counts=differential_counts))
 register(Variant("coupled_differential", "coupled QK dynamics, then differential scoring", CoupledOptions,
-                 qk_transform=coupled_qk, scoring=differential_scoring, paired_heads=True))
+                 qk_transform=_COUPLED, scoring=_DIFFERENTIAL, paired_heads=True, counts=coupled_differential_counts))

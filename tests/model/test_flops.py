@@ -1,5 +1,6 @@
 """Analytic FLOPs against torch's FlopCounterMode: totals, and the variant-minus-standard
 deltas that isolate what each variant adds (with negative controls)."""
+import dataclasses
 import itertools
 
 import pytest
@@ -8,9 +9,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from model import PRESETS, VARIANTS, build_config, count_model
-from model.coupled import CoupledQK, CouplingMLP
+from model.counts import coupled_counts, differential_counts, dynamics_counts
 from model.info import check_flop_delta, measure_flops_per_token, model_info
-from model.scoring import DifferentialScoring
+from model.options import CoupledOptions
+from model.registry import REGISTRY
 
 DIFFERENTIAL = ("differential", "coupled_differential")
 
@@ -75,22 +77,28 @@ def test_flop_delta_over_the_option_grid(variant, options):
     assert check.ok, check
 
 
+def _with_counts(m, variant, counts):
+    """Register ``variant`` with other analytic ``counts`` (what the planner's budgets use)."""
+    m.setitem(REGISTRY, variant, dataclasses.replace(REGISTRY[variant], counts=counts))
+
+
 def test_flop_delta_check_catches_wrong_counts(monkeypatch):
-    """Negative controls: counts that are wrong by what matters make the check fail, while the
-    old total-at-32k-vocab comparison (2%) would still pass."""
+    """Negative controls: analytic counts (`model.counts`, the planner's) that are wrong by what
+    matters make the check fail, while the old total-at-32k-vocab comparison (2%) would still pass."""
     leapfrog = _cfg("coupled", integrator="leapfrog", n_steps=2)
     assert check_flop_delta(leapfrog).ok
     with monkeypatch.context() as m:  # one evaluation of f too few (leapfrog runs n + 1)
-        m.setattr(CoupledQK, "n_evaluations", lambda self: self.n_steps)
+        _with_counts(m, "coupled", lambda c: dynamics_counts(c, CoupledOptions(**c.options), c.options["n_steps"]))
         wrong = check_flop_delta(leapfrog)
         assert not wrong.ok and wrong.measured > wrong.analytic
     with monkeypatch.context() as m:  # the coupling network's FLOPs dropped entirely
-        m.setattr(CouplingMLP, "num_flops_per_token", lambda self: 0)
+        _with_counts(m, "coupled", lambda c: coupled_counts(c)._replace(flops_per_token_fwd=0,
+                                                                              executed_flops_per_token_fwd=0))
         assert not check_flop_delta(_cfg("coupled")).ok
         total = model_info("cpu-xs", "coupled")  # 32k vocabulary: the LM head dominates
         assert total["flops_per_token_measured"] == pytest.approx(total["flops_per_token"], rel=0.02)
     with monkeypatch.context() as m:  # differential's executed AV counted as the definition's
-        m.setattr(DifferentialScoring, "executed_flops_per_token", DifferentialScoring.num_flops_per_token)
+        _with_counts(m, "differential", lambda c: differential_counts(c)._replace(executed_flops_per_token_fwd=0))
         assert not check_flop_delta(_cfg("differential")).ok
 
 

@@ -34,3 +34,11 @@ def test_every_input_error_is_named_by_the_module_that_defines_it():
     for module, name in INPUT_ERRORS:
         cls = getattr(importlib.import_module(module), name)
         assert cls.__module__ == module and issubclass(cls, Exception), (module, name)
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_validate_and_plan_load_no_torch(command):
+    # the planner counts parameters and FLOPs by arithmetic (model.counts), not on a torch model
+    rc, heavy = cli_heavy_modules([command, DEMO])
+    assert rc == 0
+    assert "torch" not in heavy and "deepspeed" not in heavy, heavy

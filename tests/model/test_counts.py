@@ -1,0 +1,78 @@
+"""The torch-free counts (`model.counts.count_model`, what the planner uses) equal the counts
+of the built torch model (`model.gpt.count_instantiated`) for every preset, every variant and
+the options that change them, and importing them loads no torch (issue 18)."""
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+
+from model import PRESETS, VARIANTS, build_config, count_model
+from model.gpt import GPT, count_instantiated
+
+OPTION_GRID = {
+    "coupled": [dict(integrator=i, n_steps=n, coupling_hidden=h, coupling_sharing=s)
+                for i, n, h, s in itertools.product(("euler", "leapfrog"), (1, 3), (None, 48), ("layer", "head"))],
+    "uncoupled_mlp": [dict(n_steps=n, coupling_hidden=h, coupling_sharing=s)
+                      for n, h, s in itertools.product((1, 2), (None, 16), ("layer", "head"))],
+}
+OPTION_GRID["coupled_differential"] = OPTION_GRID["coupled"]
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_analytic_counts_equal_the_built_model(preset, variant):
+    cfg = build_config(preset, variant)
+    assert count_model(cfg) == count_instantiated(cfg)
+
+
+@pytest.mark.parametrize("variant", sorted(OPTION_GRID))
+def test_analytic_counts_follow_every_option(variant):
+    for options in OPTION_GRID[variant]:
+        cfg = build_config("cpu-s", variant, vocab_size=100, seq_len=64, **options)
+        assert count_model(cfg) == count_instantiated(cfg), options
+
+
+def test_analytic_counts_equal_a_real_models_parameters():
+    cfg = build_config("cpu-xs", "coupled_differential", vocab_size=300, coupling_sharing="head", n_steps=2)
+    counts = count_model(cfg)
+    model = GPT(cfg, seed=0)
+    assert counts.n_params_total == sum(p.numel() for p in model.parameters())
+    assert counts.flops_per_token == 3 * model.num_flops_per_token()
+
+
+def test_a_wrong_formula_is_caught(monkeypatch):
+    # negative control: the equality is sharp enough to see one dt per head go missing
+    import dataclasses
+
+    from model.counts import coupled_counts
+    from model.registry import REGISTRY
+
+    cfg = build_config("cpu-xs", "coupled")
+
+    def wrong(c):
+        right = coupled_counts(c)
+        return right._replace(n_params=right.n_params - c.n_layer * c.n_head)
+
+    monkeypatch.setitem(REGISTRY, "coupled", dataclasses.replace(REGISTRY["coupled"], counts=wrong))
+    assert count_model(cfg) != count_instantiated(cfg)
+    assert count_model(cfg).n_params == count_instantiated(cfg).n_params - cfg.n_layer * cfg.n_head
+
+
+def test_a_variant_without_counts_is_counted_on_its_built_model(monkeypatch):
+    import dataclasses
+
+    from model.registry import REGISTRY
+
+    monkeypatch.setitem(REGISTRY, "coupled", dataclasses.replace(REGISTRY["coupled"], counts=None))
+    cfg = build_config("cpu-xs", "coupled")
+    assert count_model(cfg) == count_instantiated(cfg)
+
+
+def test_counting_imports_no_torch():
+    code = ("import sys\nfrom model import PRESETS, VARIANTS, build_config, count_model\n"
+            "[count_model(build_config(p, v)) for p in PRESETS for v in VARIANTS]\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
