@@ -67,11 +67,13 @@ class Recorder:
     ``devices`` is the run's worker count (for MFU: peak FLOP/s x devices). Create it after
     the checkpoint is restored: ``mlflow_run_id`` must be the run the checkpoint was writing.
     ``data``: (corpus name, prepared path, content hash) of the training data, logged as the
-    run's dataset input at ``start`` when given.
+    run's dataset input at ``start`` when given. ``carried``: the points the checkpoint kept
+    unwritten (``unwritten``), written with the run's next flush.
     """
 
     def __init__(self, run: RunSpec, tracking_uri: str, mlflow_run_id: str, board: str | None, *,
-                 active: bool, devices: int, data: tuple[str, str, str | None] | None = None):
+                 active: bool, devices: int, data: tuple[str, str, str | None] | None = None,
+                 carried: list[list] | None = None):
         self.run, self.mlflow_run_id, self.board, self.active = run, mlflow_run_id, board, active
         self.tps, self.tracking_uri, self.data = run.train.tokens_per_step, tracking_uri, data
         self.sysmon: Any = None  # mlflow's SystemMetricsMonitor while the run trains (imported at start)
@@ -79,7 +81,8 @@ class Recorder:
             return
         apply_http_env()  # a cluster's workers do not inherit the driver's settings (track.http_env)
         self.client = client_for(tracking_uri)
-        self.metrics = MetricBuffer(self.client, mlflow_run_id, resume_after=last_logged_step(self.client, mlflow_run_id))
+        self.metrics = MetricBuffer(self.client, mlflow_run_id, resume_after=last_logged_step(self.client, mlflow_run_id),
+                                    carried=carried)
         peak = device_peak_flops()
         self.peak_flops = peak * devices if peak else None
 
@@ -143,6 +146,10 @@ class Recorder:
             point["final/val_accuracy"] = accuracy
         self.metrics.add(point, step * self.tps)
         self.metrics.flush()
+
+    def unwritten(self) -> list[list]:
+        """Points MLflow does not have yet (an outage), for the checkpoint to keep ([] off rank 0)."""
+        return self.metrics.unwritten() if self.active else []
 
     def checkpoint_point(self, step: int, numbers: dict[str, float]) -> None:
         """Queue a checkpoint's ``checkpoint/*`` numbers (size, save and persist seconds)."""

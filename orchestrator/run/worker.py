@@ -243,7 +243,7 @@ class RunLoop:
             state = self._branch_start(self._restore())
         r = self.run
         self.rec = rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world,
-                       data=(r.corpus_name, self.data_path, self.data_hash))
+                       data=(r.corpus_name, self.data_path, self.data_hash), carried=state.get("unwritten_metrics"))
         rec.start(state["step"], fallback=state.get("resume_fallback"))
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         self.engine.train()
@@ -319,7 +319,8 @@ class RunLoop:
         if not is_last and evals % r.checkpoint_every_evals == 0:
             tokens = step * r.train.tokens_per_step
             state = {"step": step, "wall_s": wall_s, "evals": evals, "tokens": tokens,
-                     "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id, "data_hash": self.data_hash}
+                     "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id, "data_hash": self.data_hash,
+                     "unwritten_metrics": rec.unwritten()}  # an outage's points survive this attempt
             rec.checkpoint_point(step, self._checkpoint(state, {"tokens": tokens, "val_loss": val}))
 
 

@@ -81,10 +81,14 @@ class MetricBuffer:
     point until it is written (module docstring). ``log`` gets the outage and drop notes."""
 
     def __init__(self, client: Any, mlflow_run_id: str, resume_after: int = -1, policy: OutagePolicy | None = None,
-                 log: Callable[[str], None] = _log, clock: Callable[[], float] = time.monotonic):
+                 log: Callable[[str], None] = _log, clock: Callable[[], float] = time.monotonic,
+                 carried: list[list] | None = None):
+        from mlflow.entities import Metric
+
         self.client, self.mlflow_run_id, self.resume_after = client, mlflow_run_id, resume_after
         self.policy, self.log, self.clock = policy or OutagePolicy.from_env(), log, clock
-        self._pending: deque[Any] = deque()
+        # points an earlier attempt could not write (``unwritten``, kept in its checkpoint)
+        self._pending: deque[Any] = deque(Metric(k, v, ts, st) for k, v, ts, st in carried or [] if st > resume_after)
         self.dropped = 0  # oldest points let go beyond max_points (said in the log and a tag)
         self._down_since: float | None = None
         self._next_try = 0.0
@@ -95,6 +99,12 @@ class MetricBuffer:
     def pending(self) -> int:
         """Points queued and not yet written."""
         return len(self._pending)
+
+    def unwritten(self) -> list[list]:
+        """The queued points as [key, value, timestamp ms, step] (JSON): a checkpoint keeps
+        them, so points an outage held back are written by the attempt that resumes from it
+        (``carried``) when this one ends before MLflow answers."""
+        return [[m.key, m.value, m.timestamp, m.step] for m in self._pending]
 
     def add(self, metrics: dict[str, float], step: int) -> None:
         """Queue ``metrics`` at ``step`` (tokens seen); dropped if MLflow already has that step.
@@ -185,5 +195,7 @@ class MetricBuffer:
         uri = redact_uri(str(getattr(self.client, "tracking_uri", "") or getattr(self.client, "_tracking_uri", "")))
         return (f"MLflow{' at ' + uri if uri else ''} took no write for {self.clock() - (self._down_since or 0.0):.0f} s "
                 f"(bound {self.policy.max_outage_s:.0f} s, {OUTAGE_ENV}; {self._tries} tries; last error: {self._error}); "
-                f"{len(self._pending)} point(s) unwritten; the run's checkpoints are kept: "
+                f"{len(self._pending)} point(s) unwritten"
+                + (f", {self.dropped} oldest dropped beyond the buffer's {self.policy.max_points}" if self.dropped else "")
+                + "; the run's checkpoints are kept (with its unwritten points): "
                 "resubmit the study once MLflow answers and the run resumes from its last checkpoint")

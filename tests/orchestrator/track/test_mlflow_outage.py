@@ -6,6 +6,7 @@ mid-run. Prints what it measured with `-s`."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.track.http_env import apply_http_env
 from orchestrator.track.metric_buffer import MetricBuffer, OutagePolicy, TrackingOutage
+from orchestrator.track.tracking import last_logged_step
 
 
 class Server:
@@ -89,7 +91,7 @@ def test_points_are_kept_while_the_server_is_down_and_written_once_when_it_is_ba
     print(f"\n[buffer outage] 20 points kept through the outage, written once {recovered:.1f} s after the first failed write")
 
 
-def test_past_its_bound_the_outage_raises_with_a_reason_and_over_the_cap_the_oldest_go(server):
+def test_past_its_bound_the_outage_raises_with_a_reason_and_the_next_attempt_writes_what_it_kept(server):
     client = MlflowClient(server.url)
     run_id = client.create_run(client.create_experiment("outage")).info.run_id
     notes: list[str] = []
@@ -104,11 +106,19 @@ def test_past_its_bound_the_outage_raises_with_a_reason_and_over_the_cap_the_old
         buf.flush(wait=True)
     reason = str(e.value)
     assert reason.startswith(f"MLflow at {server.url} took no write for") and "(bound 3 s, QKSTUDY_MLFLOW_OUTAGE_S" in reason
-    assert "8 point(s) unwritten" in reason and "resumes from its last checkpoint" in reason
+    assert "8 point(s) unwritten, 4 oldest dropped beyond the buffer's 8" in reason and "resumes from its last checkpoint" in reason
+    # the attempt ends here; its checkpoint (at step 6) kept what was unwritten, and the attempt that
+    # resumes from it, once MLflow answers, writes those before the steps it trains again
+    carried = json.loads(json.dumps(buf.unwritten()))  # through the checkpoint's state file
+    del buf
     server.start()
-    assert buf.flush() and buf.pending == 0  # still kept: a caller that goes on can still write them
-    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [3, 4, 5, 6]
-    assert client.get_run(run_id).data.tags["metrics_dropped"] == "4"
+    again = MetricBuffer(client, run_id, resume_after=last_logged_step(client, run_id), carried=carried)
+    assert again.pending == 8
+    for step in (7, 8):
+        again.add({"loss": float(step), "lr": 0.1}, step)
+    assert again.flush() and again.pending == 0
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [3, 4, 5, 6, 7, 8]  # 1, 2: over the cap
+    assert [m.value for m in client.get_metric_history(run_id, "loss")] == [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
 
 
 @pytest.mark.slow
