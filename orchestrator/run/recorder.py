@@ -86,10 +86,12 @@ class Recorder:
         peak = device_peak_flops()
         self.peak_flops = peak * devices if peak else None
 
-    def start(self, step: int, fallback: str | None = None) -> None:
+    def start(self, step: int, fallback: str | None = None, branched: bool = False) -> None:
         """Mark the run running; on a restart (``step`` > 0) count it and say from where;
         ``fallback`` (``run.resume``: corrupt checkpoints skipped) goes to the
-        ``resume_fallback`` tag. The throughput clock starts here."""
+        ``resume_fallback`` tag; ``branched``: a branch's first start at its trunk's branch
+        point (``run.branching``), tagged ``branched_at_tokens``, not a restart. The throughput
+        clock starts here."""
         if not self.active:
             return
         set_status(self.client, self.mlflow_run_id, STATUS_RUNNING)
@@ -101,7 +103,9 @@ class Recorder:
 
         self.sysmon = SystemMetricsMonitor(self.mlflow_run_id, tracking_uri=self.tracking_uri, resume_logging=step > 0)
         self.sysmon.start()
-        if step:
+        if branched:
+            self.client.set_tag(self.mlflow_run_id, "branched_at_tokens", str(step * self.tps))
+        elif step:
             restarts = int(self.client.get_run(self.mlflow_run_id).data.tags.get("restarts", "0")) + 1
             self.client.set_tag(self.mlflow_run_id, "restarts", str(restarts))
             self.client.set_tag(self.mlflow_run_id, "resumed_from_tokens", str(step * self.tps))

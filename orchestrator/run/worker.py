@@ -244,7 +244,7 @@ class RunLoop:
         r = self.run
         self.rec = rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world,
                        data=(r.corpus_name, self.data_path, self.data_hash), carried=state.get("unwritten_metrics"))
-        rec.start(state["step"], fallback=state.get("resume_fallback"))
+        rec.start(state["step"], fallback=state.get("resume_fallback"), branched=bool(state.get("branched")))
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         self.engine.train()
         while step < r.steps:

@@ -49,6 +49,8 @@ def test_branched_study_trains_trunk_and_cooldowns_resumes_and_keeps_nothing(tmp
         r = by_extend[e]
         assert r.data.tags["status"] == "finished" and r.data.tags["branch_step"] == str(b)
         assert r.data.tags["trunk"] == trunk.data.tags["run_id"]
+        if r is not trunk:  # a branch's start at its branch point is no restart
+            assert r.data.tags["branched_at_tokens"] == str(b * TPS) and "restarts" not in r.data.tags
         loss = _hist(c, r.info.run_id, "train/loss")
         assert sorted(loss) == [TPS * i for i in range(1, steps + 1)]  # from the first step, each once
         lr, peak = _hist(c, r.info.run_id, "lr"), float(r.data.params["lr"])

@@ -122,3 +122,13 @@ def test_kill_hook_only_when_asked(monkeypatch):
             "hook(3); print('alive at 3', flush=True)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 17 and out.stdout == "alive at 2\n", out.stderr[-2000:]
+
+
+def test_a_branch_start_is_tagged_as_such_not_counted_as_a_restart(store):
+    run, uri, client, mlflow_id = store
+    rec = Recorder(run, uri, mlflow_id, None, active=True, devices=1)
+    rec.start(6, branched=True)
+    rec.finished(10)
+    tags = client.get_run(mlflow_id).data.tags
+    assert tags["branched_at_tokens"] == str(6 * run.train.tokens_per_step)
+    assert "restarts" not in tags and "resumed_from_tokens" not in tags
