@@ -79,8 +79,13 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
     if ray.is_initialized():
         return
     # "local": a fresh local Ray even if a stale `ray start` left its address file behind.
-    ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local", namespace="qkstudy", log_to_driver=verbose,
+    target = address or os.environ.get("RAY_ADDRESS") or "local"
+    ray.init(address=target, namespace="qkstudy", log_to_driver=verbose,
              configure_logging=verbose, logging_level=logging.INFO if verbose else logging.ERROR)
+    if target == "local":  # a kill -9 of this driver would leave two Ray agents running (run.ray_reaper)
+        from orchestrator.run.ray_reaper import start_reaper
+
+        start_reaper()
 
 
 def run_study(study: Study, *, address: str | None = None, console: Console | None = None,
