@@ -36,7 +36,7 @@ def reference_branches(study: Study, reference_tokens: float, tokens_per_step: i
         return plan_branches(reference_tokens, study.extend, tokens_per_step, warmup_fraction=t.warmup_fraction,
                              decay_fraction=t.decay_fraction, min_lr_ratio=t.min_lr_ratio)
     except FieldError as e:
-        raise PlanError(f"protocol: branches: {'.'.join(map(str, e.loc))}: {e}") from None
+        raise PlanError(f"protocol: branches: {e}") from None  # str(e) is "<field>: <why>"
 
 
 def branch_family(study: Study, reference_tokens: float, train: Any, make: MakeRun) -> list[Any]:
