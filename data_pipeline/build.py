@@ -10,7 +10,7 @@ object-store URIs, an upload with the manifest last).
 
 Layout of a prepared directory::
 
-    manifest.json        counts, hashes, shard list (the commit marker)
+    manifest.json        counts, hashes, shard list, unigram baseline (the commit marker)
     tokenizer.model      SentencePiece model (absent for mqar)
     train-00000.arrow    one row per document: ids list<uint16|uint32>, ending in eod_id
     val-00000.arrow      (mqar: one row per example, plus a labels column list<int32>, -100 = unscored)
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from . import encode, mqar, sources, storage
+from . import encode, mqar, sources, storage, unigram
 from .config import CorpusConfig, TokenizerConfig
 from .errors import DataError
 from .tokenizer import model_hash, train_tokenizer
@@ -243,6 +243,7 @@ def prepare(corpus: CorpusConfig, tokenizer: TokenizerConfig, cache_root=None, *
         for split, info in body["splits"].items():
             if info["tokens"] < 2:
                 raise DataError(f"{corpus.label()}: split '{split}' has {info['tokens']} tokens, too few for a window")
+        body["unigram"] = unigram.prepared_unigram(tmp, body)  # cheap (a bincount); data_pipeline.unigram
         manifest = {"format_version": FORMAT_VERSION, "content_hash": h, "source": corpus.source,
                     "corpus": corpus.model_dump(mode="json"), "source_hashes": fp, **body,
                     "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}

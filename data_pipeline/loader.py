@@ -20,30 +20,14 @@ rows) so that the union over ranks is the same set for every W.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from . import storage
 from .errors import DataError
 from .mqar import IGNORE_INDEX
-
-
-def _read_shard(location: str, name: str) -> pa.Table:
-    if storage.is_uri(location):  # object store: read into memory
-        fs, path = storage.resolve(storage.join(location, name))
-        with fs.open_input_file(path) as f:
-            return pa.ipc.open_file(f).read_all()
-    return pa.ipc.open_file(pa.memory_map(os.path.join(location, name))).read_all()
-
-
-def _flat(table: pa.Table, column: str) -> np.ndarray:
-    """Zero-copy numpy view of a list column's values (memory-mapped for local shards)."""
-    chunks = [c.flatten().to_numpy(zero_copy_only=True) for c in table.column(column).chunks]
-    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
 
 class TokenLoader:
@@ -68,8 +52,8 @@ class TokenLoader:
         self._perms: dict[int, np.ndarray] = {}
         self._eval_order: np.ndarray | None = None
         shards = manifest["splits"][split]["shards"]
-        tables = [_read_shard(self.path, s["file"]) for s in shards]
-        self._parts = [_flat(t, "ids") for t in tables]
+        tables = [storage.read_shard(self.path, s["file"]) for s in shards]
+        self._parts = [storage.flat_column(t, "ids") for t in tables]
         self._starts = np.cumsum([0] + [len(p) for p in self._parts])
         self.num_tokens = int(self._starts[-1])
         label = f"{manifest.get('source', '?')} data at {self.path}, split '{split}'"
@@ -81,7 +65,7 @@ class TokenLoader:
             if any("labels" not in t.column_names for t in tables):
                 raise DataError(f"{label}: no 'labels' column (prepared by an older mqar generator): prepare it again")
             self._ids = np.concatenate(self._parts).reshape(-1, self._example_len)
-            self._labels = np.concatenate([_flat(t, "labels") for t in tables]).reshape(-1, self._example_len)
+            self._labels = np.concatenate([storage.flat_column(t, "labels") for t in tables]).reshape(-1, self._example_len)
             self.num_windows = len(self._ids)
         else:
             self.num_windows = max(0, (self.num_tokens - 1) // seq_len)

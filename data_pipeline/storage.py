@@ -13,6 +13,8 @@ import posixpath
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 MANIFEST = "manifest.json"
@@ -49,6 +51,22 @@ def read_manifest(location: str) -> dict | None:
             return json.loads(f.read())
     except (FileNotFoundError, OSError):
         return None
+
+
+def read_shard(location: str, name: str) -> pa.Table:
+    """The Arrow shard ``name`` of a prepared directory: memory-mapped when local, read into
+    memory from an object store."""
+    if is_uri(location):
+        fs, path = resolve(join(location, name))
+        with fs.open_input_file(path) as f:
+            return pa.ipc.open_file(f).read_all()
+    return pa.ipc.open_file(pa.memory_map(os.path.join(location, name))).read_all()
+
+
+def flat_column(table: pa.Table, column: str) -> np.ndarray:
+    """Zero-copy numpy view of a list column's values (memory-mapped for local shards)."""
+    chunks = [c.flatten().to_numpy(zero_copy_only=True) for c in table.column(column).chunks]
+    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
 
 def publish(tmp_dir: str, dest: str) -> None:
