@@ -114,7 +114,12 @@ def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dic
     out = {}
     for item in items:
         run_id, mlflow_id = item["run"]["run_id"], item["mlflow_run_id"]
-        record = client.get_run(mlflow_id)
+        try:
+            record = client.get_run(mlflow_id)
+        except Exception as e:  # noqa: BLE001 - MLflow down (track.metric_buffer): say why the run stopped
+            out[run_id] = {"status": STATUS_FAILED, "reason": f"{crash or 'the worker group ended'}; MLflow could not "
+                           f"record it ({type(e).__name__}): its run there still reads running until a resubmit"}
+            continue
         status, reason = run_status(record), record.data.tags.get("failure_reason", "")
         if status != STATUS_FINISHED and not (status == STATUS_FAILED and reason):
             reason = crash or "the worker group ended before this run did"

@@ -166,3 +166,74 @@ def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server,
     assert len(client.get_metric_history(mlflow_id, "final/val_loss")) == 1
     print(f"\n[MLflow outage] server down {down_s:.0f} s (restart {restart_s:.0f} s) after {before} of {steps} points; "
           f"run finished with all {len(hist)} train/loss points, 0 lost, 0 twice, no restart")
+
+
+@pytest.mark.slow
+def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_resumes_with_every_point_once(server, tmp_path):
+    import yaml
+
+    from tests.orchestrator.run.test_faults import BASE, QKSTUDY, TPS, _env, _finish, _reap
+
+    steps = 400
+    spec = tmp_path / "study" / "bound.yaml"
+    spec.parent.mkdir()
+    spec.write_text(yaml.safe_dump({**BASE, "name": "bound", "tracking_uri": server.url,
+                                    "budget": {"mode": "tokens", "tokens": steps * TPS},
+                                    "eval": {**BASE["eval"], "num_evals": 20},
+                                    "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0}}))
+    client = MlflowClient(server.url)
+
+    def start(**env: str) -> subprocess.Popen:
+        return subprocess.Popen([str(QKSTUDY), "run", spec.name, "-v"], cwd=spec.parent, env=_env(**env),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    p = start(QKSTUDY_MLFLOW_OUTAGE_S="8")
+    try:
+        mlflow_id, deadline = None, time.time() + 600
+        while time.time() < deadline and p.poll() is None:
+            runs = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.`qkstudy.kind` = 'train'")
+            if runs and client.get_metric_history(runs[0].info.run_id, "train/loss"):
+                mlflow_id = runs[0].info.run_id
+                break
+            time.sleep(0.3)
+        assert mlflow_id, "no point reached MLflow"
+        server.stop()  # and it stays down until the driver has given up
+        t_down = time.time()
+        err = _finish(p)
+        gave_up_s = time.time() - t_down
+    finally:
+        _reap(p)
+    assert p.returncode == 1, err[-3000:]
+    flat = " ".join(err.split())
+    assert "took no write for" in flat and "(bound 8 s, QKSTUDY_MLFLOW_OUTAGE_S" in flat, flat[-3000:]
+    assert "resubmit the study once MLflow answers and the run resumes from its last checkpoint" in flat
+    server.start()
+    before = [m.step for m in client.get_metric_history(mlflow_id, "train/loss")]
+    assert before and before[-1] < steps * TPS
+    q = start()
+    try:
+        err2 = _finish(q)
+    finally:
+        _reap(q)
+    assert q.returncode == 0, err2[-3000:]
+    r = client.get_run(mlflow_id)
+    assert r.data.tags["status"] == "finished" and r.data.tags["restarts"] == "1"
+    hist = [m.step for m in client.get_metric_history(mlflow_id, "train/loss")]
+    assert hist == [TPS * i for i in range(1, steps + 1)], hist  # the kept points written by the resume: none lost, none twice
+    resumed = int(r.data.tags["resumed_from_tokens"]) // TPS
+    print(f"\n[outage past bound] driver gave up {gave_up_s:.0f} s into the outage (bound 8 s) with {len(before)} points in "
+          f"MLflow; resubmit resumed from step {resumed} and wrote the {resumed - len(before)} points the checkpoint kept: "
+          f"{len(hist)} points, 0 lost, 0 twice")
+
+
+def test_a_pack_that_ends_while_mlflow_is_down_reports_the_runs_failure_reason_not_a_crash():
+    from orchestrator.run.packing import _outcomes
+
+    apply_http_env()
+    with socket.socket() as s:  # a port nothing listens on: the server is down
+        s.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    crash = "TrainingFailedError: ... TrackingOutage: MLflow took no write for 301 s ... resubmit the study"
+    out = _outcomes([{"run": {"run_id": "r1"}, "mlflow_run_id": "m1"}], down, crash)
+    assert out["r1"]["status"] == "failed" and out["r1"]["reason"].startswith(crash)
+    assert "MLflow could not record it" in out["r1"]["reason"]
