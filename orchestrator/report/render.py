@@ -70,15 +70,20 @@ def corpus_index(summary: dict) -> str:
     lines = [f"# qkstudy report: {summary['study']}", "", "One report per corpus (scales are not pooled across corpora):", ""]
     lines += [f"- [{c}]({c}/report.md) ([html]({c}/report.html))" for c in corpora]
     lines += ["", "Token ratio of each scale's headline variant (`<B`/`>B`: censored at the measured range), "
-              "seed-mean final perplexity per variant.", "",
-              "| corpus | scale | variant | token ratio | 95% interval | " + " | ".join(f"{v} ppl" for v in variants) + " |",
-              "|---|---|---|---|---|" + "---|" * len(variants)]
+              "seed-mean final perplexity per variant, and the corpus's unigram perplexity (its validation split under its "
+              "tokenizer; `not recorded` in an older store).", "",
+              "| corpus | scale | variant | token ratio | 95% interval | " + " | ".join(f"{v} ppl" for v in variants)
+              + " | unigram ppl |", "|---|---|---|---|---|" + "---|" * len(variants) + "---|"]
     for s_ in summary["scales"]:
         head = s_.get("ratios", {}).get(s_.get("target")) or {}
         ppl = " | ".join(f"{s_['final_ppl'][v]:.2f}" if v in s_.get("final_ppl", {}) else "-" for v in variants)
         lines.append(f"| {s_['corpus']} | {s_['scale']} | {s_.get('target') or '-'} | {s_.get('token_ratio_display', 'n/a')} "
-                     f"| {head.get('interval_display', 'n/a')} | {ppl} |")
+                     f"| {head.get('interval_display', 'n/a')} | {ppl} | {_unigram(s_.get('unigram_ppl'))} |")
     return "\n".join(lines) + "\n"
+
+
+def _unigram(ppl: float | None) -> str:
+    return "not recorded" if ppl is None else f"{ppl:.2f}"
 
 
 def _variants(summary: dict) -> list[str]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from orchestrator.report import tuning
+from orchestrator.report import tuning, unigram
 from orchestrator.report.interval import COVERAGE
 from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
 
@@ -55,7 +55,8 @@ def _pm(m, sd, spec):
 
 def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
     """The report's content in reading order; figures not drawn are dropped from it."""
-    out = [intro(summary), final_ppl(summary, tables), paired(summary, tables), paper(), token_ratio(summary, tables)]
+    out = [intro(summary), final_ppl(summary, tables), unigram_baseline(summary, tables), paired(summary, tables), paper(),
+           token_ratio(summary, tables)]
     if "accuracy" in tables:
         out.append(accuracy(tables))
     if tuning.TABLE in tables:  # a study with tune: (orchestrator.report.tuning)
@@ -103,6 +104,12 @@ def final_ppl(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
     })
     return Section("Final validation perplexity (planned runs, mean over seeds)", text, table,
                    ["ppl_vs_tokens.png", "ppl_vs_flops.png", "ppl_vs_wallclock.png"])
+
+
+def unigram_baseline(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
+    entry = summary.get("unigram") or {"recorded": False, "corpus": summary.get("corpus")}
+    table = unigram.display(tables[unigram.TABLE]) if unigram.TABLE in tables else None
+    return Section("Unigram baseline", unigram.section_text(entry), table)
 
 
 def paired(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:

@@ -5,35 +5,45 @@ and cached, so a task for a corpus already prepared returns at once. ``check_dat
 runs before MLflow is touched: a corpus too small for one window, with token ids beyond the
 model's vocabulary, or whose files changed after the study was planned (its content hash is
 no longer the one in the runs' identity), leaves no record.
+
+Each corpus's unigram baseline (``data_pipeline.unigram``: cached in the prepared data's
+manifest) is set on the study's experiment by ``record_unigrams``, also when every run had
+finished and Ray never starts (``find_unigrams`` reads the prepared directory the plan's
+content hash names).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import ray
+from rich.console import Console
 
 from orchestrator.plan.inputs import CorpusError
 from orchestrator.plan.planner import RunSpec
+from orchestrator.track.tracking import client_for, ensure_experiment, set_unigram_tags
 
-__all__ = ["CorpusError", "check_data_fits", "prepare_data"]
+__all__ = ["CorpusError", "check_data_fits", "find_unigrams", "prepare_data", "record_unigrams"]
 
 
 @ray.remote(num_cpus=1)
 def _prepare_task(corpus: dict, tokenizer: dict, cache_root: str | None) -> dict[str, Any]:
     from data_pipeline import CorpusConfig, TokenizerConfig, prepare
+    from data_pipeline.unigram import unigram_of
 
     p = prepare(CorpusConfig.model_validate(corpus), TokenizerConfig.model_validate(tokenizer), cache_root, progress=False)
     tokens = {split: info["tokens"] for split, info in p.manifest.get("splits", {}).items()}
     return {"path": p.path, "content_hash": p.content_hash, "tokenizer_hash": p.tokenizer_hash,
-            "vocab_size": p.vocab_size, "tokens": tokens}
+            "vocab_size": p.vocab_size, "tokens": tokens, "unigram": unigram_of(p.path, p.manifest)}
 
 
 def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
     """Prepare (or find cached) each corpus the runs need, one Ray task per corpus, all at
     once; returns corpus name -> {path, content_hash, tokenizer_hash (sha256 of the
-    tokenizer model; empty for mqar), vocab_size, tokens (per split)}.
+    tokenizer model; empty for mqar), vocab_size, tokens (per split), unigram (the
+    manifest's unigram entry: val_ppl, val_tokens, ...)}.
 
     Raises:
         CorpusError: a corpus cannot be prepared (the task's DataError, re-raised here).
@@ -74,3 +84,40 @@ def check_data_fits(runs: list[RunSpec], datasets: dict[str, dict[str, Any]]) ->
         if d["vocab_size"] > r.model["vocab_size"]:
             raise CorpusError(r.corpus_name, f"token ids go up to {d['vocab_size'] - 1}, beyond the model's vocabulary "
                                              f"of {r.model['vocab_size']} (tokenizer.vocab_size)")
+
+
+def find_unigrams(runs: list[RunSpec], console: Console) -> dict[str, dict[str, Any]]:
+    """corpus name -> unigram entry (``data_pipeline.unigram.unigram_of``) of each corpus
+    whose prepared directory (``<cache root>/<planned data hash>``, the cache ``prepare``
+    uses here) exists; without Ray, for a re-run of a finished study. A corpus whose data is
+    gone or unreadable is left out and said so on ``console``: nothing is prepared again."""
+    from data_pipeline import DataError, storage
+    from data_pipeline.unigram import unigram_of
+
+    root = storage.default_cache_root()
+    root = root if storage.is_uri(root) else os.path.abspath(os.path.expanduser(root))
+    out = {}
+    for name, data_hash in {r.corpus_name: r.data_hash for r in runs if r.data_hash}.items():
+        path = storage.join(root, data_hash)
+        manifest = storage.read_manifest(path)
+        try:
+            if manifest is None:
+                raise DataError(f"{path} is not prepared (its cache was cleared?)")
+            out[name] = unigram_of(path, manifest)
+        except (DataError, OSError, KeyError) as e:
+            console.print(f"[yellow]data {name}: unigram perplexity not recorded[/]: {e}")
+    return out
+
+
+def record_unigrams(tracking_uri: str, study_name: str, unigrams: Mapping[str, dict[str, Any] | None],
+                    console: Console) -> None:
+    """Set each corpus's unigram baseline on the study's experiment (``tracking``'s
+    ``set_unigram_tags``) and print it; corpora mapped to None are skipped."""
+    found = {name: u for name, u in unigrams.items() if u}
+    if not found:
+        return
+    client = client_for(tracking_uri)
+    exp_id = ensure_experiment(client, study_name)
+    for name, u in sorted(found.items()):
+        set_unigram_tags(client, exp_id, name, u["val_ppl"], u["val_tokens"])
+        console.print(f"data {name}: unigram perplexity {u['val_ppl']:.2f} (val split, {u['val_tokens']:,} tokens)")

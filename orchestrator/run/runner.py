@@ -33,7 +33,7 @@ from rich.console import Console
 from orchestrator.plan.inputs import plan_study
 from orchestrator.plan.planner import RunSpec
 from orchestrator.plan.spec import Study
-from orchestrator.run.data import check_data_fits, prepare_data
+from orchestrator.run.data import check_data_fits, find_unigrams, prepare_data, record_unigrams
 from orchestrator.run.leasing import study_lease
 from orchestrator.run.packing import Pack, fit_pack, launch_order, make_packs, pack_items
 from orchestrator.run.placement import alive_nodes, capacity, unschedulable_reason
@@ -142,6 +142,7 @@ def _run_leased(runs: list[RunSpec], study_name: str, tracking_uri: str, storage
     if finished_before_ray(runs, study_name, tracking_uri):
         result.status = {r.run_id: "skipped" for r in runs}
         console.print(f"{len(runs)} run(s) already finished in MLflow: skipped (Ray not started)")
+        record_unigrams(tracking_uri, study_name, find_unigrams(runs, console), console)
         result.wall_s = time.time() - t0
         return result
     init_ray(address, verbose)
@@ -153,6 +154,7 @@ def _run_leased(runs: list[RunSpec], study_name: str, tracking_uri: str, storage
     check_data_fits(runs, datasets)  # before MLflow is touched: a bad corpus leaves no record
 
     todo = _register(runs, study_name, tracking_uri, datasets, nodes, result, console)
+    record_unigrams(tracking_uri, study_name, {n: d.get("unigram") for n, d in datasets.items()}, console)
     skipped = sum(1 for s in result.status.values() if s == "skipped")
     if skipped:
         console.print(f"{skipped} run(s) already finished in MLflow: skipped")

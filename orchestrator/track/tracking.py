@@ -9,7 +9,8 @@ id is created once by the driver and carried in the run's checkpoint. Step = tok
 ``train`` for a training run, ``report`` for the report's own run, ``stale`` for an
 abandoned duplicate, ``superseded`` for a run whose data or configuration the study no longer
 has (tags ``superseded_by``: the run_id that replaced it, ``superseded_reason``); only
-``train`` runs are study data.
+``train`` runs are study data. Experiment tags ``qkstudy.unigram_ppl.<corpus>`` and
+``qkstudy.unigram_val_tokens.<corpus>``: each corpus's unigram baseline.
 
 Default store: ``sqlite:///<workdir>/mlflow.db`` (the study's workdir, ``runs/<study>`` by
 default). Every URI that is printed, logged or written into a report goes through
@@ -39,6 +40,9 @@ if TYPE_CHECKING:  # MLflow takes seconds to import: the functions that talk to 
 KIND_TAG = "qkstudy.kind"
 KIND_TRAIN, KIND_REPORT, KIND_STALE, KIND_SUPERSEDED = "train", "report", "stale", "superseded"
 STATUS_QUEUED, STATUS_RUNNING, STATUS_FINISHED, STATUS_FAILED = "queued", "running", "finished", "failed"
+# Experiment tags, one pair per corpus of the study: the unigram perplexity of its val split
+# (data_pipeline.unigram) and the val tokens it scored; the report reads them beside the finals.
+UNIGRAM_PPL_TAG, UNIGRAM_VAL_TOKENS_TAG = "qkstudy.unigram_ppl", "qkstudy.unigram_val_tokens"
 STORE_FILE = "mlflow.db"
 REDACTED = "***"
 
@@ -290,3 +294,25 @@ def last_logged_step(client: MlflowClient, mlflow_run_id: str, key: str = "token
     """Largest step logged for ``key`` in a run (-1 if none)."""
     hist: Iterable[Metric] = client.get_metric_history(mlflow_run_id, key)
     return max((m.step for m in hist), default=-1)
+
+
+# --------------------------------------------------------------------------- experiment tags
+
+
+def set_unigram_tags(client: MlflowClient, experiment_id: str, corpus: str, val_ppl: float, val_tokens: int) -> None:
+    """Record ``corpus``'s unigram baseline on the study's experiment: its val split's
+    perplexity per token (``data_pipeline.unigram``) and the val tokens scored."""
+    client.set_experiment_tag(experiment_id, f"{UNIGRAM_PPL_TAG}.{corpus}", repr(float(val_ppl)))
+    client.set_experiment_tag(experiment_id, f"{UNIGRAM_VAL_TOKENS_TAG}.{corpus}", str(int(val_tokens)))
+
+
+def unigram_from_tags(tags: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """corpus -> {"val_ppl": float, "val_tokens": int or None} from an experiment's tags (those
+    ``set_unigram_tags`` wrote); corpora without the perplexity tag are absent."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in tags.items():
+        if key.startswith(UNIGRAM_PPL_TAG + "."):
+            corpus = key[len(UNIGRAM_PPL_TAG) + 1:]
+            n = tags.get(f"{UNIGRAM_VAL_TOKENS_TAG}.{corpus}")
+            out[corpus] = {"val_ppl": float(value), "val_tokens": int(n) if n is not None else None}
+    return out
