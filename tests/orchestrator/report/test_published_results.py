@@ -1,5 +1,5 @@
-"""The published CPU study (results/cpu-study, RESULTS.md) is regenerated from its MLflow
-store by the command RESULTS.md gives, number for number."""
+"""The published CPU study (results/cpu-study, its RESULTS.md) is regenerated from its MLflow
+store by the command its RESULTS.md gives, number for number."""
 
 import gzip
 import json
@@ -37,8 +37,8 @@ def test_report_regenerates_from_the_published_store(tmp_path):
 
 
 def test_results_md_quotes_the_published_report():
-    """Every seed-mean final perplexity in the report's tables appears in RESULTS.md."""
-    text = (ROOT / "RESULTS.md").read_text()
+    """Every seed-mean final perplexity in the report's tables appears in its RESULTS.md."""
+    text = (PUBLISHED / "RESULTS.md").read_text()
     for corpus in ("stdlib", "mixed"):
         fp = pd.read_csv(PUBLISHED / corpus / "final_ppl.csv")
         for r in fp.itertuples():
