@@ -62,11 +62,8 @@ def test_results_md_quotes_every_final_unigram_and_ratio():
         tr = pd.read_csv(folder / "token_ratio.csv")
         for r in tr.itertuples():
             assert f"{r.token_ratio} {r.interval_95}" in TEXT, (folder.name, r.variant)
-        tuning = folder / "tuning.csv"
-        if tuning.exists():
-            for r in pd.read_csv(tuning).itertuples():
-                if getattr(r, "chosen", False):
-                    assert f"{r.lr:g}" in TEXT
+        for r in pd.read_csv(folder / "tuning.csv").itertuples():
+            assert f"{r.chosen_lr:g}" in TEXT, (folder.name, r.variant)
 
 
 def test_every_arm_ends_at_most_half_the_unigram_perplexity():
