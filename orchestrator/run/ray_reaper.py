@@ -8,7 +8,10 @@ So a driver that starts a local Ray also starts this reaper, in a session of its
 outlives the driver). Every second it records the driver's descendants that are Ray's (pid
 and start time, so a reused pid is never taken for one of them); once the driver is gone it gives Ray
 ``GRACE_S`` to end its own processes, then sends SIGTERM to those still running, SIGKILL to
-any left 3 s later, and exits. After a normal exit (``ray.shutdown``) nothing is left and
+any left 3 s later, and exits. Ray also spawns worker processes up to the moment of the kill,
+so one born after the last poll is found by its session instead: every Ray process whose
+command line names the driver's session folder (``/session_<date>_<time>_<driver pid>/``,
+the name Ray gives the session a driver starts). After a normal exit (``ray.shutdown``) nothing is left and
 it ends likewise. Linux only (``/proc``); elsewhere ``start_reaper`` does nothing.
 Run as ``python -m orchestrator.run.ray_reaper DRIVER_PID``.
 """
@@ -16,6 +19,7 @@ Run as ``python -m orchestrator.run.ray_reaper DRIVER_PID``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["GRACE_S", "LOG", "descendants", "reap", "start_reaper", "watch"]
+__all__ = ["GRACE_S", "LOG", "descendants", "in_session", "reap", "start_reaper", "watch"]
 
 GRACE_S = 3.0
 POLL_S = 1.0
@@ -95,9 +99,27 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         pass
 
 
+def in_session(driver: int) -> set[Proc]:
+    """Ray's live processes (``_is_ray``) whose command line names the session folder of a
+    Ray that ``driver`` started (``.../session_<date>_<time>_<micros>_<driver>/...``)."""
+    mark = re.compile(rf"/session_[0-9_-]+_{driver}/")
+    out: set[Proc] = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or not _is_ray(pid := int(d.name)):
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if mark.search(cmd) and (st := _stat(pid)):
+            out.add((pid, st[1]))
+    return out
+
+
 def watch(driver: int, grace_s: float = GRACE_S, poll_s: float = POLL_S) -> list[int]:
-    """Record ``driver``'s descendants until it is gone, wait ``grace_s``, end those left
-    (``reap``); returns their pids. Returns at once when ``driver`` is not running."""
+    """Record ``driver``'s descendants until it is gone, wait ``grace_s``, end those left and
+    those of its Ray session (``in_session``: a worker spawned after the last poll) with
+    ``reap``; returns their pids. Returns at once when ``driver`` is not running."""
     first = _stat(driver)
     if first is None:
         return []
@@ -106,7 +128,7 @@ def watch(driver: int, grace_s: float = GRACE_S, poll_s: float = POLL_S) -> list
         seen |= descendants(driver)
         time.sleep(poll_s)
     time.sleep(grace_s)
-    return reap(seen)
+    return reap(seen | in_session(driver))
 
 
 def start_reaper(driver: int | None = None, log: Path = LOG) -> subprocess.Popen[bytes] | None:
