@@ -20,10 +20,8 @@ password into a shared report or a terminal log.
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -254,40 +252,6 @@ def set_status(client: MlflowClient, mlflow_run_id: str, status: str, reason: st
         client.set_terminated(mlflow_run_id, "FAILED")
     else:
         client.update_run(mlflow_run_id, status="RUNNING")
-
-
-class MetricBuffer:
-    """Batches metric points and writes them with ``log_batch`` (one call per flush).
-
-    ``resume_after`` is the last step already in MLflow: after a resume from a checkpoint the
-    loop recomputes steps past the checkpoint, and those points are dropped here, so no step
-    is logged twice. Non-finite values are dropped (MLflow rejects NaN in some stores); the
-    run's failure reason carries them instead.
-    """
-
-    def __init__(self, client: MlflowClient, mlflow_run_id: str, resume_after: int = -1):
-        self.client = client
-        self.mlflow_run_id = mlflow_run_id
-        self.resume_after = resume_after
-        self._pending: list[Metric] = []
-
-    def add(self, metrics: dict[str, float], step: int) -> None:
-        """Queue ``metrics`` at ``step`` (tokens seen); dropped if MLflow already has that step."""
-        from mlflow.entities import Metric
-
-        if step <= self.resume_after:
-            return
-        ts = int(time.time() * 1000)
-        for k, v in metrics.items():
-            v = float(v)
-            if math.isfinite(v):
-                self._pending.append(Metric(k, v, ts, int(step)))
-
-    def flush(self) -> None:
-        """Write every queued point to MLflow (``log_batch``, 1,000 points per call)."""
-        pending, self._pending = self._pending, []
-        for i in range(0, len(pending), 1000):
-            self.client.log_batch(self.mlflow_run_id, metrics=pending[i : i + 1000])
 
 
 def last_logged_step(client: MlflowClient, mlflow_run_id: str, key: str = "tokens") -> int:
