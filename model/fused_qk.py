@@ -22,8 +22,8 @@ function; `QK_IMPLS` names them:
   reach their backward); fused otherwise, i.e. CPU training. Measured at cpu-s on 2 shared
   cores, one thread (BENCHMARKS.md, 2026-12-01 11:54): step-time ratio to standard eager
   1.049, fused 1.049, compile 1.045 for a FLOP ratio of 1.018. On CPU the fewer kernels
-  do not show at this size (GEMMs dominate the step); compiling costs 8 s (warm inductor
-  cache) to 23 s (cold) per process, so CPU does not compile unless asked
+  do not show at this size (GEMMs dominate the step); compiling costs seconds per process
+  (not timed in BENCHMARKS.md), more than it could save, so CPU does not compile unless asked
   (`GPT.set_qk_impl("compile")`). The GPU figures come from scripts/gpu_check.sh.
 
 Shapes: q, k [B, T, H, head_dim]; dt [H, 1]; f's weights w1 [G, hidden, head_dim],

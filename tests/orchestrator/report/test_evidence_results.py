@@ -92,3 +92,16 @@ def test_results_md_quotes_mqar_accuracy():
             acc = pd.read_csv(folder / "accuracy.csv")
             for r in acc.itertuples():
                 assert f"{100 * r.mean:.1f}%" in TEXT, (study, r.variant)
+
+
+def test_results_md_quotes_the_paired_differences_and_the_reference_finals_per_seed():
+    """The verdict lines and the per-seed reference table are typed into RESULTS.md: each
+    must be the report's value (a misquote fails here)."""
+    for folder in _folders(MAIN):
+        for r in pd.read_csv(folder / "paired.csv").itertuples():
+            quoted = f"{r.paired_ppl_pct:+.1f}% [{r.paired_ppl_pct_low:+.1f}, {r.paired_ppl_pct_high:+.1f}]"
+            assert quoted in TEXT, (folder.name, r.variant, quoted)
+        runs = pd.read_csv(folder / "runs.csv")
+        ref = runs[runs["variant"] == "standard"].sort_values(["seed", "extend"])
+        cells = [" / ".join(f"{p:.2f}" for p in g["final_ppl"]) for _, g in ref.groupby("seed")]
+        assert f"| {folder.name} | " + " | ".join(cells) + " |" in TEXT, (folder.name, cells)

@@ -122,18 +122,26 @@ def test_past_its_bound_the_outage_raises_with_a_reason_and_the_next_attempt_wri
 
 
 @pytest.mark.slow
-def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server, tmp_path):
+def _study_spec(tmp_path: Path, name: str, url: str, steps: int, num_evals: int) -> Path:
+    """A tiny one-run study (test_faults' sizes) tracked by the server at ``url``; no Ray Train retry."""
     import yaml
 
-    from tests.orchestrator.run.test_faults import BASE, QKSTUDY, TPS, _env, _finish, _reap
+    from tests.orchestrator.run.test_faults import BASE, TPS
+
+    spec = tmp_path / "study" / f"{name}.yaml"
+    spec.parent.mkdir()
+    spec.write_text(yaml.safe_dump({**BASE, "name": name, "tracking_uri": url, "budget": {"mode": "tokens", "tokens": steps * TPS},
+                                    "eval": {**BASE["eval"], "num_evals": num_evals},
+                                    "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0}}))
+    return spec
+
+
+def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server, tmp_path):
+
+    from tests.orchestrator.run.test_faults import QKSTUDY, TPS, _env, _finish, _reap
 
     steps = 600  # ~40-90 s of training here: the outage starts at the first flush and ends well before the last step
-    spec = tmp_path / "study" / "outage.yaml"
-    spec.parent.mkdir()
-    spec.write_text(yaml.safe_dump({**BASE, "name": "outage", "tracking_uri": server.url,
-                                    "budget": {"mode": "tokens", "tokens": steps * TPS},
-                                    "eval": {**BASE["eval"], "num_evals": 30},
-                                    "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0}}))
+    spec = _study_spec(tmp_path, "outage", server.url, steps, num_evals=30)
     client = MlflowClient(server.url)
     p = subprocess.Popen([str(QKSTUDY), "run", spec.name, "-v"], cwd=spec.parent, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -170,17 +178,11 @@ def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server,
 
 @pytest.mark.slow
 def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_resumes_with_every_point_once(server, tmp_path):
-    import yaml
 
-    from tests.orchestrator.run.test_faults import BASE, QKSTUDY, TPS, _env, _finish, _reap
+    from tests.orchestrator.run.test_faults import QKSTUDY, TPS, _env, _finish, _reap
 
     steps = 400
-    spec = tmp_path / "study" / "bound.yaml"
-    spec.parent.mkdir()
-    spec.write_text(yaml.safe_dump({**BASE, "name": "bound", "tracking_uri": server.url,
-                                    "budget": {"mode": "tokens", "tokens": steps * TPS},
-                                    "eval": {**BASE["eval"], "num_evals": 20},
-                                    "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0}}))
+    spec = _study_spec(tmp_path, "bound", server.url, steps, num_evals=20)
     client = MlflowClient(server.url)
 
     def start(**env: str) -> subprocess.Popen:
