@@ -58,10 +58,12 @@ def _timed(fn, cores: list | None = None) -> float:
     return wall
 
 
-def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 3) -> dict:
-    corpus, tokenizer = CorpusConfig(), TokenizerConfig()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    num_proc = num_proc or _default_num_proc()
+def _measure(corpus: CorpusConfig, tokenizer: TokenizerConfig, num_proc: int, repeats: int) -> dict:
+    """Runs every timed measurement once into a fresh cache; returns the raw timings and sizes.
+
+    Keys: ``times``/``cores`` (per measurement, one entry per repeat), ``prepare_s``, ``noop_s``,
+    ``manifest`` (prepare's), ``tokens`` and ``documents`` (train + val).
+    """
     times: dict[str, list[float]] = {"single": [], "lines": [], "stage": []}
     cores: dict[str, list[float]] = {k: [] for k in times}
     with tempfile.TemporaryDirectory() as cache:
@@ -87,6 +89,37 @@ def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 
                     {"train": train, "val": val}, proto, prep.eod_id, m["dtype"], shards, num_proc, False, "bench"),
                     cores["stage"]))
             assert sum(len(x) for x in ids) + len(ids) == tokens  # + one EOD per document, as prepare counts
+    return {"times": times, "cores": cores, "prepare_s": total_s, "noop_s": noop_s, "manifest": m,
+            "tokens": tokens, "documents": docs}
+
+
+def _contended_note(times: dict, cores: dict, num_proc: int) -> str:
+    """A paragraph when the stage got under 80% of its cores (a shared machine), else ''."""
+    if statistics.median(cores["stage"]) >= 0.8 * min(num_proc, os.cpu_count() or 1):
+        return ""
+    # CPU seconds are what the work costs whatever the contention; their ratio bounds the idle speed-up.
+    stage_cpu = statistics.median(t * c for t, c in zip(times["stage"], cores["stage"]))
+    single_cpu = statistics.median(t * c for t, c in zip(times["single"], cores["single"]))
+    return (f"\nContended run: the stage got {statistics.median(cores['stage']):.2f} of {num_proc} cores (other "
+            f"sessions were using the CPUs; Linux autogroup scheduling splits CPU per session, so extra processes "
+            f"cannot win time from them), so the wall-clock ratio above does not test the target. "
+            f"CPU work: stage {stage_cpu:.2f} CPU s in all vs {single_cpu:.2f} CPU s for the "
+            f"single-process encode; spread over {num_proc} idle cores that is at most "
+            f"{single_cpu / (stage_cpu / num_proc):.2f}x (a projection, not a measurement).")
+
+
+def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 3) -> dict:
+    """Measures prepare's throughput, appends a markdown section to `out`, returns the numbers.
+
+    Returned keys include ``speedup`` (single-process encode time / stage time) and
+    ``parallel_speedup`` (line-wise single-process time / stage time), tokens/s per measurement.
+    """
+    corpus, tokenizer = CorpusConfig(), TokenizerConfig()
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    num_proc = num_proc or _default_num_proc()
+    raw = _measure(corpus, tokenizer, num_proc, repeats)
+    times, cores, m, tokens, docs = raw["times"], raw["cores"], raw["manifest"], raw["tokens"], raw["documents"]
+    total_s, noop_s = raw["prepare_s"], raw["noop_s"]
     best = {k: min(v) for k, v in times.items()}
     med = {k: statistics.median(v) for k, v in times.items()}
     used = {k: statistics.median(v) for k, v in cores.items()}
@@ -95,17 +128,7 @@ def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 
          **{f"{k}_s": v for k, v in best.items()}, **{f"{k}_tps": tokens / v for k, v in best.items()}}
     r["speedup"] = best["single"] / best["stage"]
     r["parallel_speedup"] = best["lines"] / best["stage"]
-    contended = ""
-    if used["stage"] < 0.8 * min(num_proc, os.cpu_count() or 1):
-        # CPU seconds are what the work costs whatever the contention; their ratio bounds the idle speed-up.
-        stage_cpu = statistics.median(t * c for t, c in zip(times["stage"], cores["stage"]))
-        single_cpu = statistics.median(t * c for t, c in zip(times["single"], cores["single"]))
-        contended = (f"\nContended run: the stage got {used['stage']:.2f} of {num_proc} cores (other sessions were "
-                     f"using the CPUs; Linux autogroup scheduling splits CPU per session, so extra processes "
-                     f"cannot win time from them), so the wall-clock ratio above does not test the target. "
-                     f"CPU work: stage {stage_cpu:.2f} CPU s in all vs {single_cpu:.2f} CPU s for the "
-                     f"single-process encode; spread over {num_proc} idle cores that is at most "
-                     f"{single_cpu / (stage_cpu / num_proc):.2f}x (a projection, not a measurement).")
+    contended = _contended_note(times, cores, num_proc)
     r["stage_cores"] = used["stage"]
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     row = "| {} | {:.2f} | {:.2f} | {:,.0f} | {:.2f} |"

@@ -4,7 +4,7 @@ Each command parses its arguments, calls the stage that does the work (``plan/``
 ``track/``, ``report/``) and prints the result. Every command that reads a spec validates it
 first; any input error (bad spec, bad data source, bad address, unknown study) prints one
 line per problem to stderr and exits with code 2 before Ray starts or MLflow is touched
-(``_input_errors`` is the one place that maps them). Every URI printed, error messages
+(``cli_errors.input_errors`` is the one place that maps them). Every URI printed, error messages
 included, goes through ``orchestrator.track.tracking.redact_uri``.
 
 A command imports what it needs when it runs, nothing at module level: ``qkstudy validate``
@@ -15,7 +15,6 @@ checks which heavy modules the light ones load).
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import sys
@@ -26,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from orchestrator.cli_errors import EXIT_FAILED, EXIT_INPUT, err, input_errors, print_error
 from orchestrator.cli_weights import register as register_weight_commands
 from orchestrator.track.http_env import apply_http_env
 
@@ -46,53 +46,6 @@ app.add_typer(model_app, name="model")
 
 # Wide tables when piped (CI logs, `| less`); the terminal width otherwise.
 out = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-
-EXIT_INPUT = 2  # bad input: nothing ran
-EXIT_FAILED = 1  # runs failed, or a cluster / tracking server did not answer
-
-
-def _print_error(message: str) -> None:
-    from orchestrator.track.tracking import redact_uri
-
-    for line in message.splitlines() or [""]:
-        err.print(f"[red]error[/]: {escape(redact_uri(line))}", highlight=False, soft_wrap=True)
-
-
-# The product's input errors (exit code 2), each named by the module that defines it.
-INPUT_ERRORS = (("orchestrator.plan.specfile", "SpecError"), ("orchestrator.plan.planner", "PlanError"),
-                ("data_pipeline.errors", "DataError"), ("orchestrator.plan.inputs", "CorpusError"),
-                ("orchestrator.run.submit", "AddressError"), ("orchestrator.track.status", "StudyNotFound"),
-                ("orchestrator.report.errors", "ReportError"), ("orchestrator.track.lease", "LeaseHeld"),
-                ("orchestrator.run.final_weights", "FinalWeightsError"))
-
-
-def _loaded_input_errors() -> tuple[type[Exception], ...]:
-    """The `INPUT_ERRORS` classes of the modules imported so far: an error of a module that
-    never ran cannot have been raised, and importing the module only to name its error would
-    import Ray, MLflow or torch with it."""
-    return tuple(getattr(sys.modules[m], name) for m, name in INPUT_ERRORS if m in sys.modules)
-
-
-def _input_errors(fn):
-    """Turn the product's input errors into a clear message and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ConnectionError as e:  # a cluster or tracking server that does not answer
-            _print_error(str(e))
-            raise typer.Exit(EXIT_FAILED) from None
-        except Exception as e:
-            if not isinstance(e, _loaded_input_errors()):
-                raise
-            _print_error(str(e))
-            raise typer.Exit(EXIT_INPUT) from None
-
-    return wrapper
-
-
 def _load(spec: Path):
     from orchestrator.plan.spec import load_spec
 
@@ -114,7 +67,7 @@ def _study_uri(study: str, tracking_uri: str | None) -> tuple[str, str]:
 
 
 @app.command()
-@_input_errors
+@input_errors
 def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> None:
     """Validate a spec; print every error with its file and field path (exit code 2)."""
     s = _load(spec)
@@ -134,7 +87,7 @@ def schema() -> None:
 
 
 @app.command("plan")
-@_input_errors
+@input_errors
 def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
              as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list."),
              write_runs: Path | None = typer.Option(None, "--write-runs", help="Also write each run as DIR/<run_id>.yaml (for `qkstudy train`)."),
@@ -170,7 +123,7 @@ def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
 
 
 @app.command()
-@_input_errors
+@input_errors
 def calibrate(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
               address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
               repeats: int = typer.Option(7, help="Timed repeats per (scale, variant), interleaved (median)."),
@@ -192,7 +145,7 @@ def calibrate(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
 
 
 @app.command()
-@_input_errors
+@input_errors
 def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
         address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs."),
@@ -218,7 +171,7 @@ def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
 
 
 @app.command()
-@_input_errors
+@input_errors
 def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written by `qkstudy plan --write-runs`)."),
           tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default runs/<study>/mlflow.db)."),
           storage_path: str | None = typer.Option(None, "--storage", help="Ray Train storage (default runs/<study>/ray)."),
@@ -241,7 +194,7 @@ def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written 
 
 
 @app.command()
-@_input_errors
+@input_errors
 def report(study: str = typer.Argument(..., help="Study name or spec path."),
            out_dir: Path | None = typer.Option(None, "--out", help="Output folder (default runs/<study>/report)."),
            tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's store)."),
@@ -279,7 +232,7 @@ def report(study: str = typer.Argument(..., help="Study name or spec path."),
 
 
 @app.command()
-@_input_errors
+@input_errors
 def export(study: str = typer.Argument(..., help="Study name or spec path."),
            out_file: Path = typer.Option(..., "--out", help="Parquet file to write."),
            tracking_uri: str | None = typer.Option(None, "--tracking-uri")) -> None:
@@ -292,7 +245,7 @@ def export(study: str = typer.Argument(..., help="Study name or spec path."),
 
 
 @app.command()
-@_input_errors
+@input_errors
 def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the current folder."),
            address: str = typer.Option(..., help="Ray dashboard URL, e.g. https://HEAD:8265."),
            allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host."),
@@ -305,7 +258,7 @@ def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the 
 
 
 @app.command()
-@_input_errors
+@input_errors
 def status(study: str = typer.Argument(..., help="Study name or spec path."),
            tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
            address: str | None = typer.Option(None, help="Ray dashboard URL: also list the study's Ray jobs."),
@@ -336,7 +289,7 @@ def status(study: str = typer.Argument(..., help="Study name or spec path."),
 
 
 @app.command()
-@_input_errors
+@input_errors
 def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy submit`."),
          address: str = typer.Option(..., help="Ray dashboard URL."),
          follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep printing until the job ends."),
@@ -350,7 +303,7 @@ def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy 
 
 
 @data_app.command("prepare")
-@_input_errors
+@input_errors
 def data_prepare(source: str = typer.Option("stdlib", help="stdlib | text | jsonl | parquet | hf | mixture | mqar"),
                  path: str | None = typer.Option(None, help="File, folder, glob or URI of the source."),
                  out_dir: str | None = typer.Option(None, "--out", help="Cache root for the prepared shards."),
@@ -387,7 +340,7 @@ def model_info_cmd(preset: str = typer.Option(..., help="Scale preset, e.g. cpu-
     try:
         info = model_info(preset, variant, seq_len=seq_len, vocab_size=vocab_size)
     except ValueError as e:  # model.info's unknown preset / variant / option (not decorated: no Ray, no spec)
-        _print_error(str(e))
+        print_error(str(e))
         raise typer.Exit(EXIT_INPUT) from None
     if as_json:
         print(json.dumps(info, indent=2))
@@ -396,7 +349,7 @@ def model_info_cmd(preset: str = typer.Option(..., help="Scale preset, e.g. cpu-
             out.print(f"{k:28s} {v:,}" if isinstance(v, int) else f"{k:28s} {v}")
 
 
-register_weight_commands(app, _input_errors)  # qkstudy eval, qkstudy sample
+register_weight_commands(app, input_errors)  # qkstudy eval, qkstudy sample
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from model import GPT, ModelConfig
+from orchestrator.run.evaluate import eval_sums
 from orchestrator.track.tracking import client_for
 
 ARTIFACT_DIR = "final_weights"
@@ -170,7 +171,7 @@ def evaluate(run: LoadedRun, data_path: str | None = None, max_windows: int | No
              batch_size: int = 16) -> float:
     """Mean loss [nats per scored token] of ``run`` over a prepared corpus's val split (default:
     the run's own ``data_path``): the loader's fixed eval windows (``eval_windows(max_windows)``,
-    all when None), weighted as the worker weights them (``worker.eval_sums``). NaN when no
+    all when None), weighted as the worker weights them (``evaluate.eval_sums``). NaN when no
     position is scored.
 
     Raises:
@@ -178,7 +179,6 @@ def evaluate(run: LoadedRun, data_path: str | None = None, max_windows: int | No
         data_pipeline.DataError: the folder is not prepared data (or too small for a window).
     """
     from data_pipeline import TokenLoader
-    from orchestrator.run.worker import eval_sums  # lazy: the worker imports this module to save
 
     path = data_path or run.data_path
     if not path:

@@ -28,14 +28,15 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from orchestrator.plan.planner import RunSpec
+from orchestrator.run.evaluate import eval_sums, val_metrics
 from orchestrator.run.ext_lock import sweeping
 from orchestrator.run.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
 from orchestrator.run.recorder import Recorder
@@ -307,7 +308,7 @@ class RunLoop:
         r = self.run
         labelled = self.val_loader.labelled
         curve = self._evaluate(r.eval_max_windows)
-        val, acc = _val_metrics(curve, labelled)
+        val, acc = val_metrics(curve, labelled)
         diag = self._diagnostics() if r.diagnostics else {}
         rec.eval_point(step, val, diag, accuracy=acc)
         if is_last:
@@ -315,7 +316,7 @@ class RunLoop:
             if r.final_max_windows is None or r.final_max_windows > r.eval_max_windows:
                 added = self._evaluate(r.final_max_windows, start=r.eval_max_windows)
                 final = [a + b for a, b in zip(curve, added)]
-            rec.final_point(step, *_val_metrics(final, labelled))
+            rec.final_point(step, *val_metrics(final, labelled))
         if not is_last and evals % r.checkpoint_every_evals == 0:
             tokens = step * r.train.tokens_per_step
             state = {"step": step, "wall_s": wall_s, "evals": evals, "tokens": tokens,
@@ -346,42 +347,6 @@ def _grad_norm(module: torch.nn.Module) -> float:
     """2-norm over every parameter's gradient (as torch.nn.utils.clip_grad_norm_ computes it)."""
     norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
-
-
-@torch.no_grad()
-def eval_sums(model: Callable[..., Any], batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
-              autocast: AbstractContextManager[Any] | None = None, accuracy: bool = False) -> list[float]:
-    """[loss sum (nats), labelled positions, correct predictions] of ``model`` over ``batches``.
-
-    ``model(x, y)`` returns (logits [B, T, V], loss) with loss the mean cross-entropy over the
-    positions where y != -100 (``model.gpt.GPT``: ``F.cross_entropy(..., ignore_index=-100)``),
-    so each batch's loss is weighted by its labelled count; a batch with none (all padding rows,
-    loss NaN) adds nothing. ``correct`` (argmax = target on labelled positions,
-    ``model.metrics.token_accuracy``) is computed only when ``accuracy``, else 0. Sums, not
-    means, so ranks add them before dividing once (``_val_metrics``)."""
-    from model.metrics import token_accuracy
-
-    total = count = correct = 0.0
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        with autocast or nullcontext():
-            logits, loss = model(x, y)
-        n = float((y != -100).sum())
-        if n:
-            total += float(loss) * n
-            count += n
-            correct += float(token_accuracy(logits, y)[0]) if accuracy else 0.0
-    return [total, count, correct]
-
-
-def _val_metrics(sums: list[float], labelled: bool) -> tuple[float, float | None]:
-    """(mean loss in nats per labelled position, accuracy) from ``eval_sums`` totals; the
-    accuracy (fraction of labelled positions predicted right) only for a ``labelled`` corpus
-    (MQAR), else None. A pass with nothing labelled gives (NaN, None): not logged."""
-    total, count, correct = sums
-    if not count:
-        return math.nan, None
-    return total / count, correct / count if labelled else None
 
 
 def _in_ray_train() -> bool:

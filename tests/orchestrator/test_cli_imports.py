@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.bench import HEAVY, cli_heavy_modules
-from orchestrator.cli import INPUT_ERRORS
+from orchestrator.cli_errors import INPUT_ERRORS
 
 DEMO = str(Path(__file__).resolve().parents[2] / "jobs" / "cpu-demo.yaml")
 NEVER = {"mlflow", "ray", "pandas", "matplotlib", "deepspeed", "scipy"}

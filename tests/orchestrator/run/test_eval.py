@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from data_pipeline import CorpusConfig, TokenizerConfig, TokenLoader, prepare
 from model import GPT, build_config
-from orchestrator.run.worker import _val_metrics, eval_sums
+from orchestrator.run.evaluate import eval_sums, val_metrics
 
 CPU = torch.device("cpu")
 
@@ -69,7 +69,7 @@ def test_final_pass_is_the_curve_windows_plus_the_added_ones(setup, world):
 
 def test_loss_is_weighted_by_labelled_positions_and_accuracy_counts_them(setup):
     loader, model = setup
-    loss, acc = _val_metrics(_sums(loader, model, 7, 2, micro=4), labelled=True)
+    loss, acc = val_metrics(_sums(loader, model, 7, 2, micro=4), labelled=True)
     (x, y), = list(loader.eval_xy(7, 100))  # the 7 windows as one batch
     with torch.no_grad():
         logits, _ = model(x, y)
@@ -83,8 +83,8 @@ def test_loss_is_weighted_by_labelled_positions_and_accuracy_counts_them(setup):
     assert acc < 0.2
 
 
-def test_val_metrics():
-    assert _val_metrics([6.0, 4.0, 1.0], labelled=True) == (1.5, 0.25)
-    assert _val_metrics([6.0, 4.0, 1.0], labelled=False) == (1.5, None)
-    loss, acc = _val_metrics([0.0, 0.0, 0.0], labelled=True)
+def testval_metrics():
+    assert val_metrics([6.0, 4.0, 1.0], labelled=True) == (1.5, 0.25)
+    assert val_metrics([6.0, 4.0, 1.0], labelled=False) == (1.5, None)
+    loss, acc = val_metrics([0.0, 0.0, 0.0], labelled=True)
     assert math.isnan(loss) and acc is None
