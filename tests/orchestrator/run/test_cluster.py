@@ -4,16 +4,9 @@ MLflow, and resubmitting trains nothing new."""
 
 import json
 import os
-import secrets
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,80 +17,11 @@ pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cluster")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PATH"] = f"{BIN}:{env['PATH']}"  # the job's `python` is this environment's
-    # Ray token authentication, as the compose stack runs it: every node and client holds the token.
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
-    gcs, dash = _free_port(), _free_port()
-    common = ["--num-cpus", "2", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
-
-    # Two nodes on one machine must not share what separate machines never share: Ray's
-    # default agent ports, and a temp dir (the job's unpacked working_dir would be one folder,
-    # deleted under one node by the other's runtime-env cleanup). Short paths: Unix sockets.
-    temp_dirs = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
-
-    def own_ports():
-        return ["--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
-                "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
-                "--ray-client-server-port", str(_free_port())]
-
-    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--port", str(gcs), "--dashboard-host", "127.0.0.1",
-                             "--dashboard-port", str(dash), "--include-dashboard", "true", "--temp-dir", temp_dirs[0], *own_ports(),
-                             *common],
-                            env=env, start_new_session=True, stdout=open(tmp / "head.log", "w"), stderr=subprocess.STDOUT)
-    procs = [head]
-    try:
-        url = f"http://127.0.0.1:{dash}"
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/api/version", timeout=2)
-                break
-            except urllib.error.HTTPError:  # up, and asking for Ray's auth token
-                break
-            except OSError:
-                assert time.time() < deadline and head.poll() is None, (tmp / "head.log").read_text()[-3000:]
-                time.sleep(1)
-        procs.append(subprocess.Popen([str(BIN / "ray"), "start", "--address", f"127.0.0.1:{gcs}", "--temp-dir", temp_dirs[1],
-                                       *own_ports(), *common],
-                                      env=env, start_new_session=True, stdout=open(tmp / "worker.log", "w"),
-                                      stderr=subprocess.STDOUT))
-        probe = f"import ray; ray.init(address='127.0.0.1:{gcs}', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
-        while True:
-            n = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout.strip()
-            if n == "2":
-                break
-            assert time.time() < deadline, (tmp / "worker.log").read_text()[-3000:]
-            time.sleep(1)
-        yield url, env, tmp
-    finally:
-        for p in reversed(procs):
-            _stop(p)
-        # `ray start` leaves the cluster's address behind for `ray.init()` to find; it is gone now.
-        current = Path("/tmp/ray/ray_current_cluster")
-        if current.exists() and current.read_text().strip().endswith(f":{gcs}"):
-            current.unlink()
-        for d in temp_dirs:
-            shutil.rmtree(d, ignore_errors=True)
+def cluster(loopback_cluster):
+    c = loopback_cluster(head_cpus=2)
+    c.add_worker("worker", cpus=2)
+    yield c.url, c.env, c.tmp
 
 
 SPEC = """\

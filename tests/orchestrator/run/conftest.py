@@ -1,0 +1,142 @@
+"""A real multi-node Ray cluster on loopback for the cluster tests: `ray start --head`, then one
+`ray start --address` per worker node, each node its own process group so a test can take a
+node away (as a preempted machine goes) and add another (as an autoscaler would)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(p: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, sig)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+class LoopbackCluster:
+    """Ray head plus worker nodes on 127.0.0.1, token auth on, as the compose stack runs it.
+
+    ``url``: the dashboard / Job Submission API; ``env``: what a client process needs (the
+    token, this environment's ``bin`` first on PATH). Two nodes on one machine must not share
+    what separate machines never share: Ray's default agent ports and a temp dir (a job's
+    unpacked working_dir would be one folder, deleted under one node by the other's runtime-env
+    cleanup); short temp paths because Ray puts Unix sockets there.
+    """
+
+    def __init__(self, tmp: Path, head_cpus: int = 2) -> None:
+        self.tmp = tmp
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env["PATH"] = f"{BIN}:{env['PATH']}"  # the job's `python` is this environment's
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+        self.env = env
+        self.gcs, self.dash = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.dash}"
+        self.nodes: dict[str, tuple[subprocess.Popen, str]] = {}
+        self._start("head", head_cpus, ["--head", "--port", str(self.gcs), "--dashboard-host", "127.0.0.1",
+                                        "--dashboard-port", str(self.dash), "--include-dashboard", "true"])
+
+    def wait_up(self, timeout: float = 120) -> None:
+        """Wait until the head's dashboard answers."""
+        deadline = time.time() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/api/version", timeout=2)
+                break
+            except urllib.error.HTTPError:  # up, and asking for Ray's auth token
+                break
+            except OSError:
+                assert time.time() < deadline and self.nodes["head"][0].poll() is None, self.log("head")
+                time.sleep(1)
+
+    def _start(self, name: str, cpus: int, args: list[str]) -> None:
+        temp = tempfile.mkdtemp(prefix="r" + name[-2:], dir="/tmp")
+        ports = ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+                 "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
+                 "--ray-client-server-port", str(free_port())]
+        p = subprocess.Popen([str(BIN / "ray"), "start", *args, "--temp-dir", temp, *ports, "--num-cpus", str(cpus),
+                              "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"],
+                             env=self.env, start_new_session=True, stdout=open(self.tmp / f"{name}.log", "w"),
+                             stderr=subprocess.STDOUT)
+        self.nodes[name] = (p, temp)
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def alive_nodes(self) -> list[str]:
+        """The raylet socket paths of the nodes the cluster counts alive (each under its node's
+        own temp dir, so they name the node: every node here has the same IP)."""
+        probe = (f"import ray; ray.init(address='127.0.0.1:{self.gcs}', logging_level='ERROR'); "
+                 "print('\\n'.join(n['RayletSocketName'] for n in ray.nodes() if n['Alive']))")
+        out = subprocess.run([sys.executable, "-c", probe], env=self.env, capture_output=True, text=True, timeout=120)
+        return out.stdout.split()
+
+    def add_worker(self, name: str, cpus: int = 2, timeout: float = 180) -> None:
+        """Start a worker node and wait until the cluster counts it alive."""
+        self._start(name, cpus, ["--address", f"127.0.0.1:{self.gcs}"])
+        temp = self.nodes[name][1]
+        deadline = time.time() + timeout
+        while not any(sock.startswith(temp + "/") for sock in self.alive_nodes()):
+            assert time.time() < deadline and self.nodes[name][0].poll() is None, self.log(name)
+            time.sleep(1)
+
+    def kill_node(self, name: str) -> None:
+        """SIGKILL every process of a node at once (its `ray start`, raylet, workers and
+        agents, found by process group and by the node's own temp dir), as a lost machine."""
+        p, temp = self.nodes[name]
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        subprocess.run(["pkill", "-9", "-f", temp], check=False)
+        p.wait()
+
+    def stop(self) -> None:
+        for p, _ in reversed(list(self.nodes.values())):
+            _stop(p)
+        # `ray start` leaves the cluster's address behind for `ray.init()` to find; it is gone now.
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.exists() and current.read_text().strip().endswith(f":{self.gcs}"):
+            current.unlink()
+        for _, temp in self.nodes.values():
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def loopback_cluster(tmp_path_factory):
+    """A factory of ``LoopbackCluster``s; every cluster it started is stopped after the module."""
+    started: list[LoopbackCluster] = []
+
+    def start(head_cpus: int = 2) -> LoopbackCluster:
+        c = LoopbackCluster(tmp_path_factory.mktemp("cluster"), head_cpus)
+        started.append(c)  # stopped even when it never comes up
+        c.wait_up()
+        return c
+
+    yield start
+    for c in started:
+        c.stop()
