@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python -m orchestrator.report.bench
 	$(BIN)/python -m orchestrator.bench --training --startup
 	$(BIN)/python -m orchestrator.bench --cli
+	$(BIN)/python -m orchestrator.bench_steps
 
 clean:
 	rm -rf runs .pytest_cache

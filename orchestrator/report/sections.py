@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from orchestrator.report import tuning, unigram
+from orchestrator.report import time_split, tuning, unigram
 from orchestrator.report.interval import COVERAGE
 from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
 
@@ -62,7 +62,8 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
     if tuning.TABLE in tables:  # a study with tune: (orchestrator.report.tuning)
         out.append(Section("Learning-rate tuning", tuning.section_text(tables[tuning.TABLE]),
                            tuning.display(tables[tuning.TABLE])))
-    out += [scaling(summary), stability(tables), cost(summary, tables), problems(summary, tables), missing_inputs(summary)]
+    out += [scaling(summary), stability(tables), cost(summary, tables), time_spent(summary, tables), problems(summary, tables),
+            missing_inputs(summary)]
     figs = set(summary.get("figures", []))
     for s in out:
         s.figures = [f for f in s.figures if f in figs]
@@ -243,6 +244,12 @@ def cost(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
             "attention maps at the last eval (model.diagnostics; mean over layers and heads); the paper finds coupling "
             "raises the effective rank."]
     return Section("Cost and attention at the planned budget", text, pd.DataFrame(rows) if rows else None)
+
+
+def time_spent(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
+    entry = summary.get("time_split") or {"recorded": False}
+    table = time_split.display(tables[time_split.TABLE]) if time_split.TABLE in tables else None
+    return Section("Where the time went", time_split.section_text(entry), table)
 
 
 def problems(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:

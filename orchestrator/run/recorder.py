@@ -160,6 +160,11 @@ class Recorder:
         if self.active:
             self.metrics.add(numbers, step * self.tps)
 
+    def time_split(self, step: int, seconds: dict[str, float]) -> None:
+        """Queue the run's time split (``time/*_s`` seconds, ``RunLoop.time_split``) at ``step``."""
+        if self.active:
+            self.metrics.add(seconds, step * self.tps)
+
     def failed(self, step: int, reason: str) -> None:
         """End the run as failed (reason and tokens in MLflow, the board told)."""
         self._end(step, STATUS_FAILED, reason=reason)

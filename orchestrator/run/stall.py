@@ -14,8 +14,9 @@ record is written before Ray ends the group: a retried group
 skips the failed run (``RunLoop._ended_earlier``) and the pack, and the study, go on. The
 MLflow write is bounded too (``record_timeout_s``): a stall never turns into a hang.
 
-Also here: the ``QKSTUDY_TEST_BLOCK_AT_STEP`` fault-injection hook (a step that never returns),
-installed once per worker like the kill hook, and ``chain_hooks``.
+Also here: the fault-injection hooks ``QKSTUDY_TEST_KILL_AT_STEP`` (the process dies after a step)
+and ``QKSTUDY_TEST_BLOCK_AT_STEP`` (a step that never returns), each installed once per worker,
+and ``chain_hooks``.
 """
 
 from __future__ import annotations
@@ -29,10 +30,30 @@ from typing import Any
 from orchestrator.run.watchdog import STALL_EXIT_CODE, Watchdog, WatchdogLimits, stall_reason
 from orchestrator.track.tracking import STATUS_FAILED, client_for, set_status
 
+# Fault injection for the resume tests: the worker process dies hard (as a preempted node
+# would) right after this optimizer step, on the worker group's first attempt only (no
+# checkpoint existed when it started), so the retry resumes instead of dying again. Read
+# once when the worker starts; the loop only sees a step hook, and only when it is set.
+KILL_AT_STEP_ENV = "QKSTUDY_TEST_KILL_AT_STEP"
 BLOCK_AT_STEP_ENV = "QKSTUDY_TEST_BLOCK_AT_STEP"
 REASON_CHARS = 4000  # of the failure_reason tag's 5000
 
+# Called before each optimizer step with the number of steps done so far.
 StepHook = Callable[[int], None]
+
+
+def kill_hook_from_env() -> StepHook | None:
+    """The fault-injection hook ``KILL_AT_STEP_ENV`` asks for (the process exits with code 17
+    once that many steps are done), or None when the variable is unset or 0."""
+    kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
+    if not kill_at:
+        return None
+
+    def kill(step: int) -> None:
+        if step == kill_at:
+            os._exit(17)
+
+    return kill
 
 
 def worker_log(message: str) -> None:

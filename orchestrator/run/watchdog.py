@@ -15,6 +15,10 @@ start-up covers model build, DeepSpeed initialize (a JIT compile of a CPU op, ~1
 prebuilt) and checkpoint restore; a step is one optimizer step; eval the validation pass (the
 final one is the longest); checkpoint one save and its persist to the study's storage. A
 nested section is timed on its own; the outer one's clock keeps running underneath it.
+
+``Watchdog.seconds`` keeps each section's total time, exclusive of the sections nested in it
+(an eval's checkpoint counts as checkpoint, not eval): the run's time split
+(``worker.RunLoop``: ``time/*_s``) comes from the brackets the watchdog needs anyway.
 """
 
 from __future__ import annotations
@@ -94,11 +98,17 @@ class _Section:
     def __enter__(self) -> None:
         wd = self.wd
         wd._stack.append(wd._open)
+        wd._nested.append(0.0)
         wd._entry += 1
         wd._open = (self.name, self.bound, time.monotonic(), threading.get_ident(), wd._entry)
 
     def __exit__(self, *exc: object) -> None:
-        self.wd._open = self.wd._stack.pop()
+        wd = self.wd
+        took = time.monotonic() - wd._open[2]  # type: ignore[index]  # open while inside
+        wd.seconds[self.name] += took - wd._nested.pop()
+        if wd._nested:
+            wd._nested[-1] += took  # the enclosing section's exclusive time leaves this out
+        wd._open = wd._stack.pop()
 
 
 class Watchdog:
@@ -121,6 +131,8 @@ class Watchdog:
         # (name, bound, t0, thread ident, entry number) of the open section, or None
         self._open: tuple[str, float, float, int, int] | None = None
         self._stack: list[tuple[str, float, float, int, int] | None] = []
+        self._nested: list[float] = []  # per open section: seconds spent in sections nested in it
+        self.seconds = dict.fromkeys(SECTIONS, 0.0)  # exclusive seconds per section (module doc)
         self._entry = 0
         self._fired = 0  # entry number of the last report: each entry is reported once
         self._stop = threading.Event()

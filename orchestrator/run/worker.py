@@ -28,7 +28,6 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -40,33 +39,11 @@ from orchestrator.run.evaluate import eval_sums, val_metrics
 from orchestrator.run.ext_lock import sweeping
 from orchestrator.run.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
 from orchestrator.run.recorder import Recorder
-from orchestrator.run.stall import WorkerGuard, block_hook_from_env, chain_hooks, worker_log
+from orchestrator.run.stall import StepHook, WorkerGuard, block_hook_from_env, chain_hooks, kill_hook_from_env, worker_log
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status
 
-# Fault injection for the resume tests: the worker process dies hard (as a preempted node
-# would) right after this optimizer step, on the worker group's first attempt only (no
-# checkpoint existed when it started), so the retry resumes instead of dying again. Read
-# once when the worker starts; the loop only sees a step hook, and only when it is set.
-KILL_AT_STEP_ENV = "QKSTUDY_TEST_KILL_AT_STEP"
 STATE_FILE = "qkstudy_state.json"
 CKPT_TAG = "ckpt"
-
-# Called before each optimizer step with the number of steps done so far.
-StepHook = Callable[[int], None]
-
-
-def kill_hook_from_env() -> StepHook | None:
-    """The fault-injection hook ``KILL_AT_STEP_ENV`` asks for (the process exits with code 17
-    once that many steps are done), or None when the variable is unset or 0."""
-    kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
-    if not kill_at:
-        return None
-
-    def kill(step: int) -> None:
-        if step == kill_at:
-            os._exit(17)
-
-    return kill
 
 
 class _Dist:
@@ -236,12 +213,14 @@ class RunLoop:
     def run_loop(self) -> str:
         """Train to the planned budget; returns the final status (finished / failed)."""
         self.guard.loop = self
+        self._t_start, self._sections_before = time.perf_counter(), dict(self.guard.watchdog.seconds)
         with self.guard.section("startup"):
             ended = self._ended_earlier()
             if ended:
                 return ended
             self._build()
             state = self._branch_start(self._restore())
+        self._time_earlier = state.get("time_split", {})
         r = self.run
         self.rec = rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world,
                        data=(r.corpus_name, self.data_path, self.data_hash), carried=state.get("unwritten_metrics"))
@@ -276,8 +255,18 @@ class RunLoop:
 
             save_final_weights(self.engine, r.model, self.tracking_uri, self.mlflow_run_id, zero_stage=r.resources.zero_stage,
                                rank=self.rank, step=step, tokens=step * r.train.tokens_per_step)
+        rec.time_split(step, self.time_split())
         rec.finished(step)
         return STATUS_FINISHED
+
+    def time_split(self) -> dict[str, float]:
+        """Where this run's worker time went [s]: ``time/elapsed_s`` (from the loop's start),
+        ``time/{startup,step,eval,checkpoint}_s`` (the watchdog's exclusive section totals;
+        logging and the loop itself are the rest). Earlier attempts' figures, as of their last
+        checkpoint, are added: what an attempt trained after its last checkpoint is not counted."""
+        now = {f"time/{k}_s": v - self._sections_before.get(k, 0.0) for k, v in self.guard.watchdog.seconds.items()}
+        now["time/elapsed_s"] = time.perf_counter() - self._t_start
+        return {k: v + float(self._time_earlier.get(k, 0.0)) for k, v in now.items()}
 
     def _branch_start(self, state: dict[str, Any]) -> dict[str, Any]:
         """A branch (``protocol: branches``) without a checkpoint of its own starts from its
@@ -321,7 +310,8 @@ class RunLoop:
             tokens = step * r.train.tokens_per_step
             state = {"step": step, "wall_s": wall_s, "evals": evals, "tokens": tokens,
                      "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id, "data_hash": self.data_hash,
-                     "unwritten_metrics": rec.unwritten()}  # an outage's points survive this attempt
+                     "unwritten_metrics": rec.unwritten(),  # an outage's points survive this attempt
+                     "time_split": self.time_split()}
             rec.checkpoint_point(step, self._checkpoint(state, {"tokens": tokens, "val_loss": val}))
 
 

@@ -75,6 +75,10 @@ def test_one_finished_mlflow_run_per_planned_run(study):
         assert int(r.data.params["n_params"]) == p["n_params"]
         assert {"train/loss", "lr", "grad_norm", "flops", "time/wall_s", "throughput/tokens_per_s",
                 "attn/entropy", "attn/effective_rank"} <= set(r.data.metrics)
+        m = r.data.metrics  # the time split, logged once at the last step
+        parts = [m[f"time/{k}_s"] for k in ("startup", "step", "eval", "checkpoint")]
+        assert all(x > 0 for x in parts) and sum(parts) <= m["time/elapsed_s"]
+        assert m["time/step_s"] == pytest.approx(m["time/wall_s"], rel=0.05)
 
 
 def test_loss_goes_down(study):
@@ -125,6 +129,9 @@ def test_report_reads_mlflow_and_is_reproducible(study):
     assert set(first[0]["final_ppl"]) == {"standard", "coupled"}
     assert isinstance(first[0]["censored"], bool)
     assert (out / "report.md").exists() and any(out.glob("*.png"))
+    split = json.loads((out / "summary.json").read_text())["time_split"]
+    assert split["recorded"] and split["runs"] == len(plan) and 0 < split["outside_steps"] < 1
+    assert "Where the time went" in (out / "report.md").read_text()
     _, runs = _train_runs(d)
     finals = {r.data.tags["variant"]: r.data.metrics["final/val_ppl"] for r in runs if r.data.tags["extend"] == "1"}
     for v, ppl in finals.items():

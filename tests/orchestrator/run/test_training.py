@@ -183,6 +183,11 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     assert killed_run.data.tags["restarts"] == "1"
     assert killed_run.data.tags["resumed_from_tokens"] in (str(10 * 512), str(20 * 512))
     assert "restarts" not in clean_run.data.tags
+    # The time split counts the first attempt's steps (as of its checkpoint) too: its step
+    # seconds track time/wall_s, which the checkpoint carries the same way.
+    m = killed_run.data.metrics
+    assert m["time/step_s"] == pytest.approx(m["time/wall_s"], rel=0.05)
+    assert m["time/elapsed_s"] >= m["time/startup_s"] + m["time/step_s"] + m["time/eval_s"] + m["time/checkpoint_s"]
 
 
 def test_resubmitting_after_driver_killed_resumes(tmp_path):

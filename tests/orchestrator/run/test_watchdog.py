@@ -97,6 +97,37 @@ def test_bound_is_exact_and_nested_sections_restore_the_outer_clock():
     assert [r[0] for r in reports] == ["checkpoint", "eval"]
 
 
+class _Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_seconds_per_section_leave_nested_sections_out(monkeypatch):
+    import orchestrator.run.watchdog as watchdog
+
+    clock = _Clock()
+    monkeypatch.setattr(watchdog, "time", clock)
+    wd = Watchdog(lambda *a: None)
+    with wd.section("startup"):
+        clock.now += 7.0
+    for _ in range(3):
+        with wd.section("step"):
+            clock.now += 0.5
+        clock.now += 0.25  # between sections: counted nowhere
+    with wd.section("eval"):
+        clock.now += 2.0
+        with wd.section("checkpoint"):
+            clock.now += 4.0
+        clock.now += 1.0
+    # eval is 2 + 1 (its 4 s checkpoint counts as checkpoint only); steps 3 x 0.5
+    assert wd.seconds == {"startup": 7.0, "step": 1.5, "eval": 3.0, "checkpoint": 4.0}
+
+
 def test_limits_from_env_and_reason():
     lim = limits_from_env(env="step=5, eval=60.5")
     assert (lim.startup, lim.step, lim.eval, lim.checkpoint) == (1800.0, 5.0, 60.5, 1800.0)
