@@ -69,6 +69,13 @@ def test_each_main_run_trained_at_its_tuned_lr(store):
         assert 0.98 * want <= peak <= want * (1 + 1e-9), (r.info.run_name, peak, want)
 
 
+def test_results_md_quotes_the_ladders_finals():
+    text = (RESULTS.parent / "RESULTS.md").read_text()
+    for r in pd.read_csv(RESULTS / STUDY / "final_ppl.csv").itertuples():
+        assert f"{r.mean_ppl:.2f} ± {r.std:.2f}" in text, (r.scale, r.variant)
+        assert f"{int(r.tokens):,}" in text
+
+
 def test_the_scaling_fit_is_refused_on_three_scales():
     fits = json.loads((RESULTS / STUDY / "summary.json").read_text())["scaling"]["fits"]
     for variant in ("standard", "differential"):
