@@ -6,8 +6,9 @@ split once, at its last step (``run.worker.RunLoop.time_split``: ``time/elapsed_
 worker loop's start and the watchdog's exclusive section totals ``time/{startup,step,eval,
 checkpoint}_s``; earlier attempts' figures as of their last checkpoint added). Here they are
 summed per variant and over the study. Not in it: the driver's own start-up (Ray, data
-preparation), the gaps between runs, and what an attempt trained after its last checkpoint
-before it died. A store from before the split existed says so and gets no table.
+preparation), each pack's Ray Train worker-group start, the gaps between runs, failed runs,
+and what an attempt trained after its last checkpoint before it died. A store from before the
+split existed says so and gets no table; finished runs without a split are counted and said.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def time_split_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame 
     their summed seconds (``elapsed_s``, ``<section>_s``; ``other_s`` = elapsed minus the
     sections: logging and the loop) and ``outside_steps`` = 1 - step_s / elapsed_s (a
     fraction). ``runs``/``metrics``: ``query.StudyData``'s frames. None when no run logged one."""
-    last = (metrics[metrics["key"].isin(KEYS.values())].sort_values("step")
+    last = (metrics[metrics["key"].isin(KEYS.values())].sort_values(["step", "timestamp"], kind="stable")
             .groupby(["run_uuid", "key"])["value"].last().unstack())
     if last.empty or KEYS["elapsed"] not in last:
         return None
@@ -47,30 +48,35 @@ def time_split_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame 
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def summary_entry(table: pd.DataFrame | None) -> dict[str, Any]:
-    """summary.json's ``time_split``: recorded, and for the study (the ``all`` row) runs, the
-    seconds per part, ``outside_steps`` and ``meets_goal`` (outside steps <= ``GOAL``)."""
+def summary_entry(table: pd.DataFrame | None, finished: int) -> dict[str, Any]:
+    """summary.json's ``time_split``: recorded, ``finished`` (finished training runs), and for
+    the study (the ``all`` row) runs with a split, the seconds per part, ``outside_steps`` and
+    ``meets_goal`` (outside steps <= ``GOAL``)."""
     if table is None:
-        return {"recorded": False, "note": NOT_RECORDED}
+        return {"recorded": False, "finished": finished, "note": NOT_RECORDED}
     total = table[table["variant"] == "all"].iloc[0].to_dict()
-    return {"recorded": True, **{k: total[k] for k in COLUMNS[1:]}, "goal": GOAL,
+    return {"recorded": True, "finished": finished, **{k: total[k] for k in COLUMNS[1:]}, "goal": GOAL,
             "meets_goal": bool(total["outside_steps"] <= GOAL)}
 
 
 def section_text(entry: dict[str, Any]) -> list[str]:
     """The section's sentences: the share outside steps, its parts, and what is not counted."""
     if not entry["recorded"]:
-        return [f"{NOT_RECORDED.capitalize()}: its runs predate it (each run logs `time/*_s` at its last step)."]
+        why = ("no finished training run logged one (runs from before it existed; each finished run logs `time/*_s` "
+               "at its last step)" if entry.get("finished") else "no training run finished")
+        return [f"{NOT_RECORDED.capitalize()}: {why}."]
     e = entry["elapsed_s"]
     parts = ", ".join(f"{name} {entry[f'{k}_s'] / e:.1%}" for k, name in
                       (("startup", "start-up"), ("eval", "evaluation"), ("checkpoint", "checkpoints and final weights"),
                        ("other", "logging and the loop")))
     verdict = "within" if entry["meets_goal"] else "over"
-    return [f"{entry['runs']} finished training runs spent {e:,.1f} worker seconds, {1 - entry['outside_steps']:.1%} of "
+    runs = f"{entry['runs']} finished training runs" if entry["runs"] == entry["finished"] else \
+        f"{entry['runs']} of {entry['finished']} finished training runs (the others logged no split)"
+    return [f"{runs} spent {e:,.1f} seconds (rank 0's wall-clock), {1 - entry['outside_steps']:.1%} of "
             f"them in optimizer steps: {entry['outside_steps']:.1%} outside steps ({parts}), {verdict} the "
             f"{GOAL:.0%} goal.",
-            "Not counted: the driver's start-up (Ray, data preparation), the gaps between runs, tuning runs, and what "
-            "an attempt trained after its last checkpoint before it died."]
+            "Not counted: the driver's start-up (Ray, data preparation), each worker group's start, the gaps between "
+            "runs, tuning and failed runs, and what an attempt trained after its last checkpoint before it died."]
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:
@@ -88,6 +94,6 @@ def attach(summary: dict, tabs: dict[str, pd.DataFrame], runs: pd.DataFrame, met
     """Add ``summary["time_split"]`` and, when recorded, the ``time_split`` table."""
     finished = runs[runs["status"] == "finished"] if "status" in runs else runs
     table = time_split_table(finished, metrics)
-    summary["time_split"] = summary_entry(table)
+    summary["time_split"] = summary_entry(table, len(finished))
     if table is not None:
         tabs[TABLE] = table

@@ -161,9 +161,15 @@ class Recorder:
             self.metrics.add(numbers, step * self.tps)
 
     def time_split(self, step: int, seconds: dict[str, float]) -> None:
-        """Queue the run's time split (``time/*_s`` seconds, ``RunLoop.time_split``) at ``step``."""
-        if self.active:
-            self.metrics.add(seconds, step * self.tps)
+        """Queue the run's time split (``time/*_s`` seconds, ``RunLoop.time_split``) at ``step``,
+        the last one. Logged once per run: an attempt that died after its last step's points
+        but before the split leaves that step in MLflow without it, and the retry still writes it."""
+        if not self.active:
+            return
+        tokens = step * self.tps
+        if tokens <= self.metrics.resume_after and "time/elapsed_s" in self.client.get_run(self.mlflow_run_id).data.metrics:
+            return
+        self.metrics.add(seconds, tokens, even_if_logged=True)
 
     def failed(self, step: int, reason: str) -> None:
         """End the run as failed (reason and tokens in MLflow, the board told)."""

@@ -142,6 +142,17 @@ class Watchdog:
         """Context manager timing ``name`` (one of ``SECTIONS``). Raises KeyError otherwise."""
         return self._sections[name]
 
+    def totals(self, now: float | None = None) -> dict[str, float]:
+        """``seconds`` plus the time so far of the sections open now, each exclusive of the one
+        open inside it (a checkpoint taken during an eval counts the eval's seconds until then)."""
+        now = time.monotonic() if now is None else now
+        out = dict(self.seconds)
+        opens = [o for o in self._stack[1:] if o is not None] + ([self._open] if self._open else [])
+        ends = [o[2] for o in opens[1:]] + [now]
+        for (name, _, t0, _, _), end, nested in zip(opens, ends, self._nested):
+            out[name] += end - t0 - nested
+        return out
+
     def check(self, now: float | None = None) -> bool:
         """Report the open section if it is past its bound (the thread calls this); True if it
         reported."""

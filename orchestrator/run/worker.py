@@ -261,10 +261,10 @@ class RunLoop:
 
     def time_split(self) -> dict[str, float]:
         """Where this run's worker time went [s]: ``time/elapsed_s`` (from the loop's start),
-        ``time/{startup,step,eval,checkpoint}_s`` (the watchdog's exclusive section totals;
+        ``time/{startup,step,eval,checkpoint}_s`` (the watchdog's exclusive section totals, open ones so far;
         logging and the loop itself are the rest). Earlier attempts' figures, as of their last
         checkpoint, are added: what an attempt trained after its last checkpoint is not counted."""
-        now = {f"time/{k}_s": v - self._sections_before.get(k, 0.0) for k, v in self.guard.watchdog.seconds.items()}
+        now = {f"time/{k}_s": v - self._sections_before.get(k, 0.0) for k, v in self.guard.watchdog.totals().items()}
         now["time/elapsed_s"] = time.perf_counter() - self._t_start
         return {k: v + float(self._time_earlier.get(k, 0.0)) for k, v in now.items()}
 

@@ -106,12 +106,13 @@ class MetricBuffer:
         (``carried``) when this one ends before MLflow answers."""
         return [[m.key, m.value, m.timestamp, m.step] for m in self._pending]
 
-    def add(self, metrics: dict[str, float], step: int) -> None:
-        """Queue ``metrics`` at ``step`` (tokens seen); dropped if MLflow already has that step.
-        During an outage, a retry that is due runs here (it may raise ``TrackingOutage``)."""
+    def add(self, metrics: dict[str, float], step: int, *, even_if_logged: bool = False) -> None:
+        """Queue ``metrics`` at ``step`` (tokens seen); dropped if MLflow already has that step,
+        unless ``even_if_logged`` (keys the caller knows MLflow lacks at that step). During an
+        outage, a retry that is due runs here (it may raise ``TrackingOutage``)."""
         from mlflow.entities import Metric
 
-        if step <= self.resume_after:
+        if step <= self.resume_after and not even_if_logged:
             return
         ts = int(time.time() * 1000)
         for k, v in metrics.items():

@@ -1,6 +1,7 @@
 """The steps benchmark compares like with like: its bare PyTorch loop trains the same run as
-the stack (same weights, batches, optimizer, schedule, clipping), so its per-step losses equal
-the stack's logged ``train/loss`` under ZeRO 0; other weights (negative control) do not."""
+the stack (same weights, batches, optimizer, schedule, clipping, gradient accumulation), so its
+per-step losses equal the stack's logged ``train/loss`` under ZeRO 0 and, with micro-batches of
+2 (4 accumulation steps), under ZeRO 2; other weights (negative control) do not."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ def local_ray():
     ray.shutdown()
 
 
-def test_bare_loop_trains_the_stacks_run_step_for_step(local_ray, tmp_path):
-    study = {**bench_study("steps-check", 0, 20, "cpu-xs"), "corpus": {"source": "stdlib", "max_documents": 60},
+@pytest.mark.parametrize("zero_stage,micro_batch", [(0, None), (2, 2)])
+def test_bare_loop_trains_the_stacks_run_step_for_step(local_ray, tmp_path, zero_stage, micro_batch):
+    study = {**bench_study("steps-check", zero_stage, 20, "cpu-xs"), "corpus": {"source": "stdlib", "max_documents": 60},
              "tokenizer": {"vocab_size": 512}}
-    study["train"] = {**study["train"], "log_every_steps": 1}
+    study["train"] = {**study["train"], "log_every_steps": 1, **({"micro_batch": micro_batch} if micro_batch else {})}
     tps, steps_tps, data_path, run = run_stack(study, tmp_path)
-    assert tps > 0 and steps_tps > 0
+    assert tps > 0 and steps_tps > 0 and run.train.micro_batch == (micro_batch or 8)
     c = MlflowClient(default_tracking_uri(tmp_path / "steps-check"))
     exp = c.get_experiment_by_name("steps-check")
     (r,) = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")

@@ -43,12 +43,12 @@ def test_sums_per_variant_and_for_the_study():
 
 
 def test_summary_and_goal():
-    entry = time_split.summary_entry(time_split.time_split_table(*_frames(SPLITS)))
+    entry = time_split.summary_entry(time_split.time_split_table(*_frames(SPLITS)), 3)
     assert entry["recorded"] and not entry["meets_goal"] and entry["goal"] == 0.05
     fast = {"a": ("standard", {"elapsed": 100.0, "startup": 1.0, "step": 96.0, "eval": 2.0, "checkpoint": 1.0})}
-    assert time_split.summary_entry(time_split.time_split_table(*_frames(fast)))["meets_goal"]
+    assert time_split.summary_entry(time_split.time_split_table(*_frames(fast)), 1)["meets_goal"]
     text = " ".join(time_split.section_text(entry))
-    assert "15.3% outside steps" in text and "over the 5% goal" in text
+    assert "15.3% outside steps" in text and "over the 5% goal" in text and text.startswith("3 finished training runs")
 
 
 def test_a_store_without_the_split_says_so():
@@ -57,8 +57,8 @@ def test_a_store_without_the_split_says_so():
     summary: dict = {}
     tabs: dict = {}
     time_split.attach(summary, tabs, runs, metrics[metrics["key"] == "train/loss"])
-    assert summary["time_split"] == {"recorded": False, "note": time_split.NOT_RECORDED} and tabs == {}
-    assert "not recorded" in time_split.section_text(summary["time_split"])[0]
+    assert summary["time_split"] == {"recorded": False, "finished": 0, "note": time_split.NOT_RECORDED} and tabs == {}
+    assert "no training run finished" in time_split.section_text(summary["time_split"])[0]
 
 
 def test_unfinished_runs_are_left_out():
@@ -69,3 +69,16 @@ def test_unfinished_runs_are_left_out():
     time_split.attach(summary, tabs, runs, metrics)
     assert summary["time_split"]["runs"] == 2 and summary["time_split"]["elapsed_s"] == 140.0
     assert not math.isnan(summary["time_split"]["outside_steps"])
+
+
+def test_finished_runs_without_a_split_are_counted_and_said():
+    runs, metrics = _frames(SPLITS)
+    runs = pd.concat([runs, pd.DataFrame([{"run_uuid": "old", "variant": "standard", "status": "finished"}])])
+    summary: dict = {}
+    time_split.attach(summary, {}, runs, metrics)
+    assert summary["time_split"]["runs"] == 3 and summary["time_split"]["finished"] == 4
+    assert time_split.section_text(summary["time_split"])[0].startswith(
+        "3 of 4 finished training runs (the others logged no split)")
+    only_old = runs[runs["run_uuid"] == "old"]
+    time_split.attach(summary, {}, only_old, metrics[metrics["run_uuid"] == "old"])
+    assert "no finished training run logged one" in time_split.section_text(summary["time_split"])[0]

@@ -28,14 +28,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop(p: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if p.poll() is None:
-        os.killpg(p.pid, sig)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+def _stop(p: subprocess.Popen, temp: str) -> None:
+    """End a node: SIGTERM its process group (even when `ray start` itself already exited: its
+    raylet and workers may not have), SIGKILL after 30 s, then whatever still names its temp dir."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    subprocess.run(["pkill", "-9", "-f", temp], check=False)
 
 
 class LoopbackCluster:
@@ -78,10 +83,10 @@ class LoopbackCluster:
         ports = ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
                  "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
                  "--ray-client-server-port", str(free_port())]
-        p = subprocess.Popen([str(BIN / "ray"), "start", *args, "--temp-dir", temp, *ports, "--num-cpus", str(cpus),
-                              "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"],
-                             env=self.env, start_new_session=True, stdout=open(self.tmp / f"{name}.log", "w"),
-                             stderr=subprocess.STDOUT)
+        with open(self.tmp / f"{name}.log", "w") as log:  # the child keeps its own descriptor
+            p = subprocess.Popen([str(BIN / "ray"), "start", *args, "--temp-dir", temp, *ports, "--num-cpus", str(cpus),
+                                  "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"],
+                                 env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
         self.nodes[name] = (p, temp)
 
     def log(self, name: str) -> str:
@@ -116,8 +121,8 @@ class LoopbackCluster:
         p.wait()
 
     def stop(self) -> None:
-        for p, _ in reversed(list(self.nodes.values())):
-            _stop(p)
+        for p, temp in reversed(list(self.nodes.values())):
+            _stop(p, temp)
         # `ray start` leaves the cluster's address behind for `ray.init()` to find; it is gone now.
         current = Path("/tmp/ray/ray_current_cluster")
         if current.exists() and current.read_text().strip().endswith(f":{self.gcs}"):

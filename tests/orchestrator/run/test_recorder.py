@@ -132,3 +132,25 @@ def test_a_branch_start_is_tagged_as_such_not_counted_as_a_restart(store):
     tags = client.get_run(mlflow_id).data.tags
     assert tags["branched_at_tokens"] == str(6 * run.train.tokens_per_step)
     assert "restarts" not in tags and "resumed_from_tokens" not in tags
+
+
+def test_time_split_is_written_once_even_when_a_retry_finds_its_step_logged(store):
+    """An attempt that logged its last step's points and died before the split (in the final
+    weights' save): the retry's points at that step are dropped as already logged, but its split
+    is written; a later retry does not write it twice."""
+    run, uri, client, mlflow_id = store
+    tps = run.train.tokens_per_step
+    first = Recorder(run, uri, mlflow_id, None, active=True, devices=1)
+    first.start(0)
+    first.train_point(3, 2.0, 0.1, 1e-3, 0.3)
+    first.final_point(3, 2.0)  # flushed; then the attempt dies
+    split = {"time/elapsed_s": 9.0, "time/step_s": 6.0}
+    for _ in range(2):
+        rec = Recorder(run, uri, mlflow_id, None, active=True, devices=1)
+        rec.start(3)
+        rec.train_point(3, 2.0, 0.1, 1e-3, 0.3)  # MLflow has step 3: dropped
+        rec.time_split(3, split)
+        rec.finished(3)
+    assert _history(client, mlflow_id, "train/loss") == [(3 * tps, 2.0)]
+    assert _history(client, mlflow_id, "time/elapsed_s") == [(3 * tps, 9.0)]
+    assert _history(client, mlflow_id, "time/step_s") == [(3 * tps, 6.0)]

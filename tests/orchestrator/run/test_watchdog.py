@@ -126,6 +126,25 @@ def test_seconds_per_section_leave_nested_sections_out(monkeypatch):
         clock.now += 1.0
     # eval is 2 + 1 (its 4 s checkpoint counts as checkpoint only); steps 3 x 0.5
     assert wd.seconds == {"startup": 7.0, "step": 1.5, "eval": 3.0, "checkpoint": 4.0}
+    assert wd.totals() == wd.seconds  # nothing open
+
+
+def test_totals_count_the_open_sections_so_far(monkeypatch):
+    """A checkpoint's snapshot is taken inside an eval and its checkpoint section: both count."""
+    import orchestrator.run.watchdog as watchdog
+
+    clock = _Clock()
+    monkeypatch.setattr(watchdog, "time", clock)
+    wd = Watchdog(lambda *a: None)
+    with wd.section("eval"):
+        clock.now += 2.0
+        with wd.section("step"):  # a nested section that closed
+            clock.now += 1.0
+        clock.now += 0.5
+        with wd.section("checkpoint"):
+            clock.now += 0.25
+            assert wd.totals() == {"startup": 0.0, "step": 1.0, "eval": 2.5, "checkpoint": 0.25}
+            assert wd.seconds["eval"] == 0.0  # not closed yet
 
 
 def test_limits_from_env_and_reason():
