@@ -70,8 +70,9 @@ def section_text(entry: dict[str, Any]) -> list[str]:
                       (("startup", "start-up"), ("eval", "evaluation"), ("checkpoint", "checkpoints and final weights"),
                        ("other", "logging and the loop")))
     verdict = "within" if entry["meets_goal"] else "over"
-    runs = f"{entry['runs']} finished training runs" if entry["runs"] == entry["finished"] else \
-        f"{entry['runs']} of {entry['finished']} finished training runs (the others logged no split)"
+    plural = "s" if entry["finished"] != 1 else ""
+    runs = f"{entry['runs']} finished training run{plural}" if entry["runs"] == entry["finished"] else \
+        f"{entry['runs']} of {entry['finished']} finished training run{plural} (the others logged no split)"
     return [f"{runs} spent {e:,.1f} seconds (rank 0's wall-clock), {1 - entry['outside_steps']:.1%} of "
             f"them in optimizer steps: {entry['outside_steps']:.1%} outside steps ({parts}), {verdict} the "
             f"{GOAL:.0%} goal.",

@@ -46,7 +46,8 @@ def test_summary_and_goal():
     entry = time_split.summary_entry(time_split.time_split_table(*_frames(SPLITS)), 3)
     assert entry["recorded"] and not entry["meets_goal"] and entry["goal"] == 0.05
     fast = {"a": ("standard", {"elapsed": 100.0, "startup": 1.0, "step": 96.0, "eval": 2.0, "checkpoint": 1.0})}
-    assert time_split.summary_entry(time_split.time_split_table(*_frames(fast)), 1)["meets_goal"]
+    one = time_split.summary_entry(time_split.time_split_table(*_frames(fast)), 1)
+    assert one["meets_goal"] and time_split.section_text(one)[0].startswith("1 finished training run spent")
     text = " ".join(time_split.section_text(entry))
     assert "15.3% outside steps" in text and "over the 5% goal" in text and text.startswith("3 finished training runs")
 
