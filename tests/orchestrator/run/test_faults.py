@@ -173,12 +173,13 @@ def test_killed_driver_is_taken_over_at_once_and_resumes_with_no_repeated_step(t
     steps = _steps(c, r.info.run_id)
     assert steps == [TPS * i for i in range(1, steps_total + 1)], steps  # none twice, none lost
     assert r.data.tags["status"] == "finished" and r.data.tags.get("restarts") == "1", (r.data.tags, err[-3000:])
+    # From a checkpoint (every 30 steps), not from scratch. It can be past what MLflow showed at
+    # the kill: the driver alone was killed, and its Ray workers train on (buffering their points)
+    # until its reaper ends them a few seconds later; a checkpoint they register then is the newest.
     resumed = int(r.data.tags["resumed_from_tokens"])
-    assert 0 < resumed <= logged_before[-1]
-    first_new = min(m.timestamp for m in c.get_metric_history(r.info.run_id, "train/loss") if m.step > logged_before[-1])
-    print(f"\n[kill -9] {len(logged_before)} steps logged before the kill, resumed from step {resumed // TPS}: "
-          f"{(logged_before[-1] - resumed) // TPS} steps trained again, 0 logged twice, 0 lost; lease taken over "
-          f"{took_over_s:.1f} s after the kill (driver start-up included); training again {first_new / 1000 - t_kill:.1f} s after")
+    assert 0 < resumed < steps_total * TPS and resumed % (30 * TPS) == 0, resumed
+    print(f"\n[kill -9] {len(logged_before)} steps in MLflow at the kill, resumed from step {resumed // TPS}: "
+          f"0 logged twice, 0 lost; lease taken over {took_over_s:.1f} s after the kill (driver start-up included)")
 
 
 def _extensions_dir(tmp: Path) -> Path:
