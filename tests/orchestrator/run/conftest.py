@@ -43,6 +43,38 @@ def _stop(p: subprocess.Popen, temp: str) -> None:
     subprocess.run(["pkill", "-9", "-f", temp], check=False)
 
 
+def _descendants(root: int) -> set[int]:
+    """``root`` and every process below it (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended while being read
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        out.add(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def process_alive(pid: int) -> bool:
+    """Running or stopped, not a zombie (a killed child of this process is reaped by ``wait``)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 class LoopbackCluster:
     """Ray head plus worker nodes on 127.0.0.1, token auth on, as the compose stack runs it.
 
@@ -110,15 +142,24 @@ class LoopbackCluster:
             time.sleep(1)
 
     def kill_node(self, name: str) -> None:
-        """SIGKILL every process of a node at once (its `ray start`, raylet, workers and
-        agents, found by process group and by the node's own temp dir), as a lost machine."""
-        p, temp = self.nodes[name]
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        subprocess.run(["pkill", "-9", "-f", temp], check=False)
+        """SIGKILL every process of a node at once, as a lost machine: its `ray start`, raylet,
+        agents and workers. Ray starts workers in sessions of their own (out of the node's
+        process group, their command lines without its temp dir), so the node is its process
+        tree: frozen first (SIGSTOP, until no new child appears), then killed; raises
+        AssertionError if any of it survives."""
+        p, _ = self.nodes[name]
+        frozen: set[int] = set()
+        while grown := _descendants(p.pid) - frozen:
+            for pid in grown:
+                _signal(pid, signal.SIGSTOP)
+            frozen |= grown
+        for pid in frozen:
+            _signal(pid, signal.SIGKILL)
         p.wait()
+        deadline = time.time() + 10
+        while alive := [pid for pid in frozen if process_alive(pid)]:
+            assert time.time() < deadline, f"node {name}: processes {alive} outlived SIGKILL"
+            time.sleep(0.1)
 
     def stop(self) -> None:
         for p, temp in reversed(list(self.nodes.values())):

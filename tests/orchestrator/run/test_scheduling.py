@@ -3,6 +3,7 @@ places them (one placement group per run) and packed near the makespan lower bou
 runs that can never fit are reported, not queued forever."""
 
 import asyncio
+import heapq
 import time
 
 import pytest
@@ -51,25 +52,62 @@ def logical_cluster():
     ray.shutdown()
 
 
-def test_makespan_within_10_percent_of_lower_bound(logical_cluster):
+def _durations(runs) -> dict[str, float]:
+    """Run time proportional to FLOPs per worker, the longest 20 s."""
+    longest = max(r.total_flops / r.resources.workers for r in runs)
+    return {r.run_id: 20.0 * (r.total_flops / r.resources.workers) / longest for r in runs}
+
+
+def _list_schedule(order, dur: dict[str, float], slots: int) -> tuple[float, int]:
+    """Greedy list scheduling (each run to the slot that frees first, in ``order``), as
+    ``dispatch`` does with zero overhead: (makespan s, most runs one slot ran)."""
+    free = [(0.0, i) for i in range(slots)]
+    count = [0] * slots
+    for r in order:
+        t, i = heapq.heappop(free)
+        count[i] += 1
+        heapq.heappush(free, (t + dur[r.run_id], i))
+    return max(t for t, _ in free), max(count)
+
+
+def test_launch_order_packs_to_the_lower_bound():
+    runs = plan(_study())
+    dur, slots = _durations(runs), GPUS // 4
+    bound = max(max(dur.values()), sum(dur.values()) / slots)
+    makespan, _ = _list_schedule(launch_order(runs), dur, slots)
+    assert makespan <= 1.01 * bound, (makespan, bound)
+    # negative control: shortest first leaves the longest runs for last
+    worst, _ = _list_schedule(list(reversed(launch_order(runs))), dur, slots)
+    assert worst > 1.25 * bound, (worst, bound)
+
+
+def test_makespan_on_ray_is_the_schedule_plus_per_run_overhead(logical_cluster):
+    """The real dispatcher on Ray's scheduler: within 10% of the lower bound once Ray's own cost
+    per run (a placement group made, waited for and removed: measured here, as it varies with
+    the machine's load) is allowed for each run of the busiest slot."""
     runs = plan(_study())
     assert len(runs) == 81
-    # run time proportional to FLOPs per worker, the longest 20 s
-    longest = max(r.total_flops / r.resources.workers for r in runs)
-    dur = {r.run_id: 20.0 * (r.total_flops / r.resources.workers) / longest for r in runs}
+    dur = _durations(runs)
     slots = capacity(runs[0], logical_cluster)
     assert slots == GPUS // 4
     bound = max(max(dur.values()), sum(dur.values()) / slots)
+    _, per_slot = _list_schedule(launch_order(runs), dur, slots)
     bundles = [{"CPU": 1, "GPU": 1}] * 4
-    done = []
     holder = _Holder.remote()
     ray.get(holder.hold.remote([{"CPU": 1}], 0.0))  # the holder is up before the clock starts
+    probes = []
+    for _ in range(5):
+        t = time.time()
+        ray.get(holder.hold.remote(bundles, 0.0))
+        probes.append(time.time() - t)
+    per_run = sorted(probes)[2]
+    done = []
     t0 = time.time()
     dispatch(launch_order(runs), lambda r: holder.hold.remote(bundles, dur[r.run_id]), slots,
              lambda r, out: done.append(r.run_id), poll_s=0.05)
     makespan = time.time() - t0
     assert sorted(done) == sorted(dur)
-    assert makespan <= 1.10 * bound, (makespan, bound)
+    assert makespan <= 1.10 * bound + per_slot * (per_run + 0.05), (makespan, bound, per_slot, per_run)
 
 
 def test_unschedulable_run_is_reported(logical_cluster):
