@@ -24,10 +24,10 @@ demo: install
 	$(BIN)/qkstudy run jobs/cpu-demo.yaml
 	$(BIN)/qkstudy report jobs/cpu-demo.yaml --out runs/cpu-demo/report
 
-# The evidence study of RESULTS.md (about an hour on 2 CPU cores): trains its three specs, then
+# The evidence study of RESULTS.md (about 90 minutes on 2 CPU cores): trains its three specs, then
 # publishes each store (gzipped SQLite) and the report built from it under results/. The
 # kernel documentation corpus is Debian's linux-doc-6.1 (installed here when missing).
-EVIDENCE := cpu-evidence cpu-evidence-mqar-easy
+EVIDENCE := cpu-evidence cpu-evidence-mqar-easy cpu-evidence-mqar-medium
 evidence: install
 	test -d /usr/share/doc/linux-doc-6.1/html/_sources || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-doc-6.1; }
@@ -38,7 +38,7 @@ evidence: install
 	done
 
 test: install
-	$(BIN)/python -m pytest -q --timeout=1200 tests
+	$(BIN)/python -m pytest -q --timeout=1200 --durations=25 tests
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" tests

@@ -57,7 +57,7 @@ def bench(repeats: int = 5) -> tuple[int, float]:
 
 
 @contextlib.contextmanager
-def _local_ray() -> Iterator[Path]:
+def local_ray() -> Iterator[Path]:
     """A local 2-CPU Ray for the training benchmarks and a scratch folder for their stores."""
     import tempfile
 
@@ -81,7 +81,7 @@ def bench_training(steps: int = 60) -> list[dict]:
     from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, default_tracking_uri
 
     rows = []
-    with _local_ray() as tmp:
+    with local_ray() as tmp:
         for workers, cpus in ((1, 2), (2, 1)):
             name = f"bench-w{workers}"
             study = parse_spec({"name": name, "scales": ["cpu-s"], "variants": ["standard"], "tokenizer": {"vocab_size": 2048},
@@ -120,7 +120,7 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
     from orchestrator.track.tracking import default_tracking_uri
 
     rows = []
-    with _local_ray() as tmp:
+    with local_ray() as tmp:
         for per in (1, n_runs):
             name = f"bench-startup-{per}"
             study = parse_spec({"name": name, "scales": ["cpu-xs"], "variants": ["standard", "coupled"],
@@ -214,7 +214,8 @@ def _cli_rows(rows: list[dict], repeats: int) -> str:
                           f"{r['load']:.1f} | {', '.join(r['heavy']) or '-'} |\n" for r in rows)
 
 
-def _append(out: Path, text: str) -> None:
+def append_section(out: Path, text: str) -> None:
+    """Append ``text`` to the benchmarks file ``out`` (created with its title), via a temp file."""
     old = out.read_text() if out.exists() else "# Benchmarks\n"
     tmp = out.with_suffix(".md.tmp")
     tmp.write_text(old + text)
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cli:
         row = _cli_rows(bench_cli(args.repeats), args.repeats)
         print(row)
-        _append(args.out, row)
+        append_section(args.out, row)
         return 0
     n, secs = bench(args.repeats)
     row = (f"\n## Planner: validate + plan a {n}-run study (64-GPU cluster declared)\n\n"
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 "| runs_per_trainer | runs | study seconds (data cached, Ray up) | seconds per run |\n|---:|---:|---:|---:|\n")
         row += "".join(f"| {r['runs_per_trainer']} | {r['runs']} | {r['study_s']:.1f} | {r['per_run_s']:.1f} |\n" for r in rows)
     print(row)
-    _append(args.out, row)
+    append_section(args.out, row)
     return 0
 
 

@@ -109,10 +109,10 @@ def bench_steps(steps: int = 120, repeats: int = 2, scale: str = "cpu-xs") -> li
     """Per ZeRO stage: every repeat's stack and bare tokens/s and their medians' ratio."""
     import tempfile
 
-    from orchestrator.bench import _local_ray
+    from orchestrator.bench import local_ray
 
     rows = []
-    with _local_ray() as tmp:
+    with local_ray() as tmp:
         root = Path(tempfile.mkdtemp(prefix="steps-", dir=tmp))
         per: dict[int, dict[str, list[float]]] = {z: {"stack": [], "steps_only": [], "bare": []} for z in (0, 2)}
         for rep in range(repeats):
@@ -152,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="cpu-xs")
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = ap.parse_args(argv)
-    from orchestrator.bench import _append
+    from orchestrator.bench import append_section
 
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     text = section(bench_steps(args.steps, args.repeats, args.scale), args.steps, args.repeats, args.scale, load)
     print(text)
-    _append(args.out, text)
+    append_section(args.out, text)
     return 0
 
 
