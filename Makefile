@@ -45,6 +45,7 @@ test-fast: install
 
 bench: install
 	$(BIN)/python -m model.bench
+	$(BIN)/python -m model.profile_step --preset cpu-s --variant coupled --threads 1
 	$(BIN)/python -m data_pipeline.bench
 	$(BIN)/python -m orchestrator.report.bench
 	$(BIN)/python -m orchestrator.bench --training --startup

@@ -132,7 +132,8 @@ def machine_description() -> str:
 
 
 @dataclass
-class _Run:
+class BenchRun:
+    """One variant under benchmark: its config, model (seed 0), AdamW and fixed batch."""
     spec: str
     cfg: ModelConfig
     model: GPT
@@ -141,8 +142,8 @@ class _Run:
     impl: str  # the model's QK implementation setting
 
 
-def _build_runs(preset: str, specs: list[str], batch_size: int, vocab_size: int, seq_len: int | None,
-                device: str, impl: str) -> list[_Run]:
+def build_runs(preset: str, specs: list[str], batch_size: int, vocab_size: int, seq_len: int | None,
+                device: str, impl: str) -> list[BenchRun]:
     """One model (seed 0), AdamW and fixed batch per spec; 'standard' first. A spec's impl=
     option overrides impl. Raises ValueError for a bad spec or impl."""
     if specs[0] != "standard":
@@ -155,11 +156,11 @@ def _build_runs(preset: str, specs: list[str], batch_size: int, vocab_size: int,
         model = GPT(cfg, seed=0, qk_impl=run_impl).to(device)
         g = torch.Generator().manual_seed(0)
         idx = torch.randint(0, vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
-        runs.append(_Run(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=3e-4), idx, run_impl))
+        runs.append(BenchRun(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=3e-4), idx, run_impl))
     return runs
 
 
-def _step(run: _Run, options: StepOptions) -> None:
+def train_step(run: BenchRun, options: StepOptions) -> None:
     """One optimizer step (forward, backward, AdamW) on the run's fixed batch."""
     run.opt.zero_grad(set_to_none=True)
     with options.context(str(run.idx.device)):
@@ -168,7 +169,7 @@ def _step(run: _Run, options: StepOptions) -> None:
     run.opt.step()
 
 
-def _impl_used(run: _Run, options: StepOptions) -> str:
+def _impl_used(run: BenchRun, options: StepOptions) -> str:
     """What the run's QK transforms execute in a training step ("-" if it has none)."""
     if not any(isinstance(m, DynamicsQK) for m in run.model.modules()):
         return "-"
@@ -176,7 +177,7 @@ def _impl_used(run: _Run, options: StepOptions) -> str:
         return resolve_impl(run.impl, run.idx.new_zeros((), dtype=torch.float32))
 
 
-def _timed(run: _Run, steps: int, options: StepOptions) -> tuple[float, float, float | None]:
+def _timed(run: BenchRun, steps: int, options: StepOptions) -> tuple[float, float, float | None]:
     """(wall seconds, process CPU seconds) per step over `steps` steps, and on CUDA the peak
     memory [GiB] the steps added to what was allocated before them (None elsewhere)."""
     cuda = run.idx.device.type == "cuda"
@@ -186,7 +187,7 @@ def _timed(run: _Run, steps: int, options: StepOptions) -> tuple[float, float, f
         torch.cuda.reset_peak_memory_stats()
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
-        _step(run, options)
+        train_step(run, options)
     if cuda:
         torch.cuda.synchronize()
     wall, cpu = (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
@@ -199,10 +200,10 @@ def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_siz
     """Time each variant spec (see module docstring); 'standard' is put first (the reference).
     Warm-up steps (at least 1: a compiled transform compiles then) are not timed.
     Raises ValueError for a bad spec (`parse_variant`, `build_config`) or impl."""
-    runs = _build_runs(preset, specs, batch_size, vocab_size, seq_len, device, options.impl)
+    runs = build_runs(preset, specs, batch_size, vocab_size, seq_len, device, options.impl)
     for run in runs:
         for _ in range(warmup):
-            _step(run, options)
+            train_step(run, options)
     samples: list[list[tuple[float, float, float | None, float]]] = [[] for _ in runs]
     for r in range(repeats):
         for i in [(i + r) % len(runs) for i in range(len(runs))]:  # rotate to cancel position bias
@@ -212,7 +213,7 @@ def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_siz
             for run, s in zip(runs, samples)]
 
 
-def _summarise(run: _Run, s: list[tuple[float, float, float | None, float]],
+def _summarise(run: BenchRun, s: list[tuple[float, float, float | None, float]],
                ref: list[tuple[float, float, float | None, float]], batch_size: int, std_flops: ModelCounts,
                peak_tflops: float | None, impl: str) -> BenchResult:
     """One variant's result from its (wall, cpu, memory, load) samples and the reference's."""

@@ -214,12 +214,10 @@ def _cli_rows(rows: list[dict], repeats: int) -> str:
                           f"{r['load']:.1f} | {', '.join(r['heavy']) or '-'} |\n" for r in rows)
 
 
-def append_section(out: Path, text: str) -> None:
-    """Append ``text`` to the benchmarks file ``out`` (created with its title), via a temp file."""
-    old = out.read_text() if out.exists() else "# Benchmarks\n"
-    tmp = out.with_suffix(".md.tmp")
-    tmp.write_text(old + text)
-    os.replace(tmp, out)
+def _append(out: Path, text: str) -> None:
+    from model.bench import append_markdown  # torch: only when a row is written
+
+    append_markdown(out, text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cli:
         row = _cli_rows(bench_cli(args.repeats), args.repeats)
         print(row)
-        append_section(args.out, row)
+        _append(args.out, row)
         return 0
     n, secs = bench(args.repeats)
     row = (f"\n## Planner: validate + plan a {n}-run study (64-GPU cluster declared)\n\n"
@@ -255,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 "| runs_per_trainer | runs | study seconds (data cached, Ray up) | seconds per run |\n|---:|---:|---:|---:|\n")
         row += "".join(f"| {r['runs_per_trainer']} | {r['runs']} | {r['study_s']:.1f} | {r['per_run_s']:.1f} |\n" for r in rows)
     print(row)
-    append_section(args.out, row)
+    _append(args.out, row)
     return 0
 
 

@@ -152,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="cpu-xs")
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = ap.parse_args(argv)
-    from orchestrator.bench import append_section
+    from model.bench import append_markdown
 
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     text = section(bench_steps(args.steps, args.repeats, args.scale), args.steps, args.repeats, args.scale, load)
     print(text)
-    append_section(args.out, text)
+    append_markdown(args.out, text)
     return 0
 
 
