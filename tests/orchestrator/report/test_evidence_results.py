@@ -16,7 +16,7 @@ from orchestrator.report import build_report
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "results"
 MAIN = "cpu-evidence"
-MQAR = ("cpu-evidence-mqar-easy",)  # medium: jobs/cpu-evidence-mqar-medium.yaml, not yet run
+MQAR = ("cpu-evidence-mqar-easy", "cpu-evidence-mqar-medium")
 TEXT = (ROOT / "RESULTS.md").read_text() if (ROOT / "RESULTS.md").exists() else ""
 
 
