@@ -3,11 +3,11 @@ over optimizer steps of `standard` and one variant at a preset, self CPU time pe
 and the operators that account for the variant's extra time.
 
 Both models are built as `model.bench` builds them (seed 0, AdamW, one fixed random batch);
-the steps alternate between the two (after warm-up), so load drift hits both alike, and each
-row is an operator's median over the steps. Self time is an operator's own time, its
-children's excluded, so the rows add up to about the step. The profiler's own cost per
-operator call inflates a variant with more small operators: its ratio reads high against
-`model.bench`'s. A Markdown table (ms per step: standard, variant, difference, share of the gap) is
+the two take turns step by step (after warm-up, who goes first alternating), so load drift
+hits both alike, and each row is an operator's median over the steps. Self time is an operator's own time, its
+children's excluded, so the rows add up to about the step. The profiler adds a cost per
+operator call, so its ratio is not `model.bench`'s; on a shared machine a shared operator's
+row can move by as much as the variant's own operators (read the rows, not the ratio alone). A Markdown table (ms per step: standard, variant, difference, share of the gap) is
 appended to BENCHMARKS.md through a temp file.
 
     python -m model.profile_step --preset cpu-s --variant coupled --threads 1 --steps 6
@@ -43,17 +43,27 @@ class OpTime:
         return self.variant_ms - self.reference_ms
 
 
+def median_per_op(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Operator name -> its median over ``steps`` (one {operator: self ms} dict per step; an
+    operator missing from a step counts 0 there). One step slowed by another process barely
+    moves a row."""
+    names = set().union(*steps) if steps else set()
+    return {k: statistics.median(step.get(k, 0.0) for step in steps) for k in names}
+
+
 def _self_ms(runs: list[BenchRun], steps: int, options: StepOptions) -> list[dict[str, float]]:
-    """Per run: operator name -> median over ``steps`` alternating steps of its self CPU ms in
-    a step (the median: one step slowed by another process moves no row)."""
-    samples: list[dict[str, list[float]]] = [defaultdict(lambda: [0.0] * steps) for _ in runs]
+    """Per run: operator name -> median self CPU ms per step over ``steps`` steps, the runs
+    taking turns (who goes first alternates, so neither always follows the other)."""
+    samples: list[list[dict[str, float]]] = [[] for _ in runs]
     for s in range(steps):
-        for i, run in enumerate(runs):
+        for i in (range(len(runs)) if s % 2 == 0 else reversed(range(len(runs)))):
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                train_step(run, options)
+                train_step(runs[i], options)
+            step: dict[str, float] = defaultdict(float)
             for e in prof.key_averages():
-                samples[i][e.key][s] += e.self_cpu_time_total / 1e3  # us -> ms
-    return [{k: statistics.median(v) for k, v in per.items()} for per in samples]
+                step[e.key] += e.self_cpu_time_total / 1e3  # us -> ms
+            samples[i].append(step)
+    return [median_per_op(per) for per in samples]
 
 
 def profile_gap(preset: str, variant: str, steps: int = 6, warmup: int = 2, batch_size: int = 8,
@@ -67,7 +77,7 @@ def profile_gap(preset: str, variant: str, steps: int = 6, warmup: int = 2, batc
             train_step(run, options)
     ref, var = _self_ms(runs, steps, options)
     ops = [OpTime(k, ref.get(k, 0.0), var.get(k, 0.0)) for k in set(ref) | set(var)]
-    return sorted(ops, key=lambda o: -abs(o.diff_ms))
+    return sorted(ops, key=lambda o: (-abs(o.diff_ms), o.name))
 
 
 def format_gap(ops: list[OpTime], variant: str, top: int = 12) -> str:

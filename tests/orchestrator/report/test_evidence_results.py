@@ -86,12 +86,22 @@ def test_reference_finals_fall_with_tokens_in_every_seed():
             assert (ppl[1:] < ppl[:-1]).all(), (folder.name, seed, ppl)
 
 
-def test_results_md_quotes_mqar_accuracy():
+def _pct(x: float) -> str:
+    """A fraction as RESULTS.md prints it: one decimal, two below 1%."""
+    return f"{100 * x:.1f}" if x >= 0.01 else f"{100 * x:.2f}"
+
+
+def test_results_md_quotes_mqar_accuracy_and_finals():
+    """Each MQAR row (preset, variant, accuracy ± std, final ppl ± std) as the report has it."""
     for study in MQAR:
+        preset = study.rsplit("-", 1)[1]
         for folder in _folders(study):
-            acc = pd.read_csv(folder / "accuracy.csv")
-            for r in acc.itertuples():
-                assert f"{100 * r.mean:.1f}%" in TEXT, (study, r.variant)
+            acc = pd.read_csv(folder / "accuracy.csv").set_index("variant")
+            for r in pd.read_csv(folder / "final_ppl.csv").itertuples():
+                a = acc.loc[r.variant]
+                row = (f"| {preset} | {r.variant} | {_pct(a['mean'])}% ± {_pct(a['std'])} | "
+                       f"{r.mean_ppl:.2f} ± {r.std:.2f} |")
+                assert row in TEXT, row
 
 
 def test_results_md_quotes_the_paired_differences_and_the_reference_finals_per_seed():

@@ -43,16 +43,30 @@ def _stop(p: subprocess.Popen, temp: str) -> None:
     subprocess.run(["pkill", "-9", "-f", temp], check=False)
 
 
-def _descendants(root: int) -> set[int]:
-    """``root`` and every process below it (from /proc's parent links)."""
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: [state, ppid, pgrp, session, ...]."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _node_tree(root: int, temp: str, root_alive: bool) -> set[int]:
+    """A node's processes: ``root`` (its `ray start`, if still ``root_alive``: a reaped pid
+    may be another process's now), every process below it (from /proc's parent links), every
+    process of its process group or session (what is left of the node when `ray start` already
+    exited and its children went to init), and those naming its temp dir, with their descendants."""
     children: dict[int, list[int]] = {}
+    tops = {root} if root_alive else set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
+        pid = int(stat.parent.name)
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+            fields = _stat(pid)
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
             continue  # ended while being read
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = set(), [root]
+        children.setdefault(int(fields[1]), []).append(pid)
+        if int(fields[2]) == root or int(fields[3]) == root or temp.encode() in cmdline:
+            tops.add(pid)
+    tops.discard(os.getpid())
+    out, todo = set(), list(tops)
     while todo:
         pid = todo.pop()
         out.add(pid)
@@ -67,10 +81,23 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+def _wait_stopped(pids: set[int], timeout: float = 5.0) -> None:
+    """Until each of ``pids`` is stopped (T), a zombie or gone: SIGSTOP is delivered asynchronously."""
+    deadline = time.time() + timeout
+    for pid in pids:
+        while time.time() < deadline:
+            try:
+                if _stat(pid)[0] in "TtZ":
+                    break
+            except (OSError, IndexError):
+                break
+            time.sleep(0.01)
+
+
 def process_alive(pid: int) -> bool:
     """Running or stopped, not a zombie (a killed child of this process is reaped by ``wait``)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return _stat(pid)[0] != "Z"
     except (OSError, IndexError):
         return False
 
@@ -145,14 +172,16 @@ class LoopbackCluster:
         """SIGKILL every process of a node at once, as a lost machine: its `ray start`, raylet,
         agents and workers. Ray starts workers in sessions of their own (out of the node's
         process group, their command lines without its temp dir), so the node is its process
-        tree: frozen first (SIGSTOP, until no new child appears), then killed; raises
-        AssertionError if any of it survives."""
-        p, _ = self.nodes[name]
+        tree (``_node_tree``): frozen first (SIGSTOP, until every one is stopped and no new
+        one appears), then killed. Raises AssertionError if any of it survives."""
+        p, temp = self.nodes[name]
         frozen: set[int] = set()
-        while grown := _descendants(p.pid) - frozen:
+        root_alive = p.poll() is None
+        while grown := _node_tree(p.pid, temp, root_alive) - frozen:
             for pid in grown:
                 _signal(pid, signal.SIGSTOP)
             frozen |= grown
+            _wait_stopped(grown)  # a process mid-fork: its child is in the next scan
         for pid in frozen:
             _signal(pid, signal.SIGKILL)
         p.wait()

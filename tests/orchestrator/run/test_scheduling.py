@@ -84,7 +84,7 @@ def test_launch_order_packs_to_the_lower_bound():
 def test_makespan_on_ray_is_the_schedule_plus_per_run_overhead(logical_cluster):
     """The real dispatcher on Ray's scheduler: within 10% of the lower bound once Ray's own cost
     per run (a placement group made, waited for and removed: measured here, as it varies with
-    the machine's load) is allowed for each run of the busiest slot."""
+    the machine's load, capped) is allowed for each run of the busiest slot."""
     runs = plan(_study())
     assert len(runs) == 81
     dur = _durations(runs)
@@ -100,7 +100,9 @@ def test_makespan_on_ray_is_the_schedule_plus_per_run_overhead(logical_cluster):
         t = time.time()
         ray.get(holder.hold.remote(bundles, 0.0))
         probes.append(time.time() - t)
-    per_run = sorted(probes)[2]
+    # capped: past 0.5 s the allowance (10 x 0.55 s) would let a shortest-first order (29.9 s
+    # simulated, against 22 s + 5.5 s) pass, so a Ray that slow fails the test instead
+    per_run = min(sorted(probes)[2], 0.5)
     done = []
     t0 = time.time()
     dispatch(launch_order(runs), lambda r: holder.hold.remote(bundles, dur[r.run_id]), slots,
