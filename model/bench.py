@@ -143,7 +143,7 @@ class BenchRun:
 
 
 def build_runs(preset: str, specs: list[str], batch_size: int, vocab_size: int, seq_len: int | None,
-                device: str, impl: str) -> list[BenchRun]:
+               device: str, impl: str) -> list[BenchRun]:
     """One model (seed 0), AdamW and fixed batch per spec; 'standard' first. A spec's impl=
     option overrides impl. Raises ValueError for a bad spec or impl."""
     if specs[0] != "standard":

@@ -40,6 +40,7 @@ class OpTime:
 
     @property
     def diff_ms(self) -> float:
+        """The variant's self time minus the reference's, ms per step (negative: it costs less)."""
         return self.variant_ms - self.reference_ms
 
 
