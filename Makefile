@@ -8,7 +8,7 @@ LOCK   := constraints.txt
 # CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH_PIN ?= $(shell grep -m1 '^torch==' $(LOCK))
 
-.PHONY: install demo test test-fast bench lint clean lock evidence base-image wheelhouse images stack-up stack-down
+.PHONY: install demo test test-fast bench lint clean lock evidence base-image wheelhouse images images-unlocked stack-up stack-down
 
 install: $(STAMP)
 
@@ -96,7 +96,14 @@ build/wheelhouse-gpu/constraints.txt: $(WHEEL_INPUTS)
 
 wheelhouse: install build/wheelhouse/constraints.txt $(TRAIN_WHEELS)/constraints.txt
 
-images: base-image wheelhouse
+# One image build at a time (a flock held across the base image, the wheelhouse and the three
+# builds): a second `make images` or `make stack-up` waits for the first, then finds the cache
+# warm. .ci/run starts one in the background while the suite runs; the stack test runs last.
+images:
+	@mkdir -p build
+	flock build/images.lock $(MAKE) --no-print-directory images-unlocked
+
+images-unlocked: base-image wheelhouse
 	docker build -f docker/postgres.Dockerfile --build-arg BASE_IMAGE=$(SERVICE_BASE) -t qkstudy-postgres:$(IMAGE_TAG) docker/postgres
 	docker build -f docker/mlflow.Dockerfile --build-arg BASE_IMAGE=$(SERVICE_BASE) -t qkstudy-mlflow:$(IMAGE_TAG) .
 	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg DS_ACCELERATOR=$(DS_ACCELERATOR) \

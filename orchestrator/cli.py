@@ -180,9 +180,12 @@ def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written 
     """Train one run, for debugging, on the same code path as `qkstudy run`."""
     from orchestrator.cli_files import load_run_file
     from orchestrator.plan.spec import default_workdir
+    from orchestrator.plan.tracking_uri import check_tracking_uri
     from orchestrator.run.runner import run_runs
     from orchestrator.track.tracking import default_tracking_uri
 
+    if tracking_uri is not None:
+        check_tracking_uri(tracking_uri, "--tracking-uri")
     run_spec = load_run_file(run_file)
     work = default_workdir(run_spec.study)
     res = run_runs([run_spec], run_spec.study, tracking_uri or default_tracking_uri(work), storage_path or str(work / "ray"),

@@ -35,7 +35,8 @@ INPUT_ERRORS = (("orchestrator.plan.specfile", "SpecError"), ("orchestrator.plan
                 ("data_pipeline.errors", "DataError"), ("orchestrator.plan.inputs", "CorpusError"),
                 ("orchestrator.run.submit", "AddressError"), ("orchestrator.track.status", "StudyNotFound"),
                 ("orchestrator.report.errors", "ReportError"), ("orchestrator.track.lease", "LeaseHeld"),
-                ("orchestrator.run.final_weights", "FinalWeightsError"))
+                ("orchestrator.run.final_weights", "FinalWeightsError"),
+                ("orchestrator.plan.tracking_uri", "TrackingURIError"))
 
 
 def loaded_input_errors() -> tuple[type[Exception], ...]:

@@ -33,6 +33,7 @@ from orchestrator.plan.specfile import (
     read_layers,
     validation_problems,
 )
+from orchestrator.plan.tracking_uri import tracking_uri_problem
 from orchestrator.plan.tuning import TuneSpec
 
 __all__ = ["SpecError", "Study", "VariantSpec", "BudgetSpec", "TrainSpec", "EvalSpec", "ResourcesSpec", "ScaleShape",
@@ -110,14 +111,18 @@ class BudgetSpec(_Strict):
     tokens_per_param: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     throughput: dict[str, float] | None = None
 
+    @field_validator("tokens")
+    @classmethod
+    def _tokens_positive(cls, v: int | dict[str, int] | None) -> int | dict[str, int] | None:
+        for scale, n in (v.items() if isinstance(v, dict) else [(None, v)]):
+            if n is not None and n <= 0:
+                raise ValueError(f"budget tokens{'' if scale is None else f' of {scale}'} must be positive, got {n}")
+        return v
+
     @model_validator(mode="after")
     def _one_size(self) -> BudgetSpec:
         if (self.tokens is None) == (self.tokens_per_param is None):
             raise ValueError("give exactly one of budget.tokens or budget.tokens_per_param")
-        sizes = self.tokens.values() if isinstance(self.tokens, dict) else [self.tokens]
-        for n in sizes:
-            if n is not None and n <= 0:
-                raise ValueError(f"budget tokens must be positive, got {n}")
         for k, v in (self.throughput or {}).items():
             if not v > 0:
                 raise ValueError(f"budget.throughput[{k}] must be positive tokens/s, got {v}")
@@ -233,6 +238,14 @@ class Study(_Strict):
             return [{"name": x} if isinstance(x, str) else x for x in v]
         return v
 
+    @field_validator("variants")
+    @classmethod
+    def _variant_names_unique(cls, v: list[VariantSpec]) -> list[VariantSpec]:
+        names = [x.name for x in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"variant names repeat: {names}")
+        return v
+
     @field_validator("scale_entries", mode="before")
     @classmethod
     def _dispatch_scales(cls, v: Any) -> Any:
@@ -243,6 +256,14 @@ class Study(_Strict):
     def _seeds_unique(cls, v: list[int]) -> list[int]:
         if len(set(v)) != len(v) or any(s < 0 for s in v):
             raise ValueError("seeds must be distinct non-negative integers")
+        return v
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _tracking_uri_ok(cls, v: str | None) -> str | None:
+        problem = None if v is None else tracking_uri_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("extend")
@@ -308,8 +329,6 @@ class Study(_Strict):
             if not _NAME_RE.match(name):
                 raise ValueError(f"corpora: name {name!r} must use letters, digits, '_', '.', '-'")
         names = [v.name for v in self.variants]
-        if len(set(names)) != len(names):
-            raise ValueError(f"variant names repeat: {names}")
         if self.reference not in names:
             raise ValueError(f"reference {self.reference!r} is not one of the variants {names}")
         if isinstance(self.budget.tokens, dict):

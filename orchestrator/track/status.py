@@ -32,13 +32,21 @@ class StudyNotFound(ValueError):
 def study_uri(study: str, tracking_uri: str | None = None) -> tuple[str, str]:
     """(study name, tracking URI) of STUDY given as a spec path or a study name: the spec's
     store, else ``tracking_uri``, ``MLFLOW_TRACKING_URI`` or the default work dir's. Raises
-    SpecError for a spec that does not validate."""
-    from orchestrator.plan.spec import load_spec
+    SpecError for a spec that does not validate, TrackingURIError for a ``tracking_uri`` (or
+    ``MLFLOW_TRACKING_URI``, when it is the one used) that MLflow has no store for."""
+    import os
 
+    from orchestrator.plan.spec import load_spec
+    from orchestrator.plan.tracking_uri import check_tracking_uri
+
+    if tracking_uri is not None:
+        check_tracking_uri(tracking_uri, "--tracking-uri")
     p = Path(study)
     if p.suffix in (".yaml", ".yml") or p.is_file():
         s = load_spec(p)
         return s.name, tracking_uri or study_tracking_uri(s)
+    if tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
+        check_tracking_uri(os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI")
     return study, named_study_uri(study, tracking_uri)
 
 

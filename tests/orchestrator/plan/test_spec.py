@@ -25,7 +25,10 @@ MALFORMED = {
     "wrong_type": (GOOD.replace("seeds", "x") + "seeds: three\n", "seeds: Input should be a valid list"),
     "unknown_variant": (GOOD.replace("standard,", "standard, banana,"), "variants[1]: name: unknown variant 'banana'; allowed: standard, coupled"),
     "unknown_scale": (GOOD.replace("cpu-xs", "cpu-xxl"), "scales[0]: unknown scale 'cpu-xxl'; allowed: cpu-xs"),
-    "negative_budget": (GOOD.replace("40960", "-5"), "budget: budget tokens must be positive, got -5"),
+    "negative_budget": (GOOD.replace("40960", "-5"), "budget.tokens: budget tokens must be positive, got -5"),
+    "negative_budget_of_a_scale": (GOOD.replace("40960", "{cpu-xs: -5}"), "budget.tokens: budget tokens of cpu-xs must be positive"),
+    "repeated_variant": (GOOD.replace("standard,", "standard, standard,"), "variants: variant names repeat"),
+    "unsupported_tracking_uri": (GOOD + "tracking_uri: bogus://nowhere\n", "tracking_uri: unsupported tracking URI scheme 'bogus'"),
     "impossible_resources": (GOOD + "resources: {workers: 0, zero_stage: 5}\n", "resources.workers: Input should be greater than 0"),
     "missing_corpus": (GOOD + "corpus: {source: parquet, text_column: text}\n", "corpus: paths: required for source 'parquet'"),
 }

@@ -1,0 +1,66 @@
+"""Tracking URIs MLflow has no store for are refused before anything runs: in a spec
+(`qkstudy validate`, exit 2 naming the file and field) and on the command line or in
+MLFLOW_TRACKING_URI (exit 2 naming the option or variable), not as a traceback from inside MLflow
+or a run that fails after Ray started."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.plan.spec import SpecError, parse_spec
+from orchestrator.plan.tracking_uri import TRACKING_SCHEMES, TrackingURIError, check_tracking_uri, tracking_uri_problem
+
+SPEC = "name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {tokens: 40960}\n"
+
+
+@pytest.mark.parametrize("uri", ["runs/s/mlflow.db", "/abs/mlruns", "file:///tmp/mlruns", "sqlite:///runs/s/mlflow.db",
+                                 "postgresql+psycopg://u:p@db:5432/mlflow", "mysql+pymysql://u@h/db", "http://mlflow:5000",
+                                 "HTTPS://mlflow.example.org", "databricks", "databricks://profile", "C:\\mlruns"])
+def test_forms_mlflow_serves_pass(uri: str) -> None:
+    assert tracking_uri_problem(uri) is None
+    assert check_tracking_uri(uri, "--tracking-uri") == uri
+
+
+@pytest.mark.parametrize("uri, why", [("bogus://nowhere", "unsupported tracking URI scheme 'bogus'"),
+                                      ("s3://bucket/mlruns", "unsupported tracking URI scheme 's3'"),  # artifacts only
+                                      ("", "empty tracking URI"), ("  ", "empty tracking URI")])
+def test_forms_mlflow_cannot_serve_are_refused(uri: str, why: str) -> None:
+    assert why in (tracking_uri_problem(uri) or "")
+    with pytest.raises(TrackingURIError, match=f"^MLFLOW_TRACKING_URI: {why}"):
+        check_tracking_uri(uri, "MLFLOW_TRACKING_URI")
+
+
+def test_the_schemes_are_mlflows_tracking_store_registry() -> None:
+    """Cross-check against MLflow itself; the negative control is the refused `bogus` and `s3`
+    above, which its registry does not have either."""
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    assert set(TRACKING_SCHEMES) | {""} == set(_tracking_store_registry._registry)
+    assert not {"bogus", "s3"} & set(_tracking_store_registry._registry)
+
+
+def test_a_spec_with_an_unsupported_tracking_uri_is_refused_naming_the_field(tmp_path) -> None:
+    with pytest.raises(SpecError, match="tracking_uri: .*unsupported tracking URI scheme 'bogus'"):
+        parse_spec({"name": "s", "scales": ["cpu-xs"], "variants": ["standard"], "budget": {"tokens": 40960},
+                    "tracking_uri": "bogus://nowhere"})
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC + "tracking_uri: bogus://nowhere\n")
+    res = CliRunner().invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2 and f"{spec}: tracking_uri" in res.output.replace("\n", "")
+    spec.write_text(SPEC + "tracking_uri: http://mlflow:5000\n")  # negative control: a server URI validates
+    assert CliRunner().invoke(app, ["validate", str(spec)]).exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["status", "report", "export"])
+def test_commands_refuse_an_unsupported_tracking_uri_with_exit_2(tmp_path, monkeypatch, command: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    extra = ["--out", str(tmp_path / "x.parquet")] if command == "export" else []
+    res = CliRunner().invoke(app, [command, "s", "--tracking-uri", "bogus://nowhere", *extra])
+    assert res.exit_code == 2, res.output
+    assert "--tracking-uri: unsupported tracking URI scheme 'bogus'" in res.output.replace("\n", "")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://nowhere")
+    res = CliRunner().invoke(app, [command, "s", *extra])
+    assert res.exit_code == 2 and "MLFLOW_TRACKING_URI: unsupported" in res.output.replace("\n", ""), res.output
+    assert not (tmp_path / "runs").exists()
