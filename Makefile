@@ -99,9 +99,10 @@ wheelhouse: install build/wheelhouse/constraints.txt $(TRAIN_WHEELS)/constraints
 # One image build at a time (a flock held across the base image, the wheelhouse and the three
 # builds): a second `make images` or `make stack-up` waits for the first, then finds the cache
 # warm. .ci/run starts one in the background while the suite runs; the stack test runs last.
+IMAGES_LOCK ?= build/images.lock
 images:
-	@mkdir -p build
-	flock build/images.lock $(MAKE) --no-print-directory images-unlocked
+	@mkdir -p $(dir $(IMAGES_LOCK))
+	flock $(IMAGES_LOCK) $(MAKE) --no-print-directory images-unlocked
 
 images-unlocked: base-image wheelhouse
 	docker build -f docker/postgres.Dockerfile --build-arg BASE_IMAGE=$(SERVICE_BASE) -t qkstudy-postgres:$(IMAGE_TAG) docker/postgres

@@ -101,17 +101,12 @@ def _layer_inputs(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def attention_diagnostics(model: GPT, idx: torch.Tensor, batch_size: int = 8,
-                          gather: Gather | None = None) -> dict[str, float]:
-    """Diagnostics of `model` on probe windows idx [W, T] (T >= 2), as MLflow-ready keys.
-
-    Returns, for each metric in `NAMES`: "attn/<metric>" (mean over windows of the
-    layer-averaged value), "attn/<metric>/std" (its sample std across the W windows; 0 if
-    W = 1) and "attn/<metric>/layer_{i}" (mean over windows) for each 0-based layer i; plus
-    "attn/probe_windows" = W. Windows run batch_size at a time (maps are T x T per head).
-    gather: see the module docstring (ZeRO-3). The model's train/eval mode is restored.
-    Raises ValueError if idx is not [W, T] with T >= 2.
-    """
+def window_stats(model: GPT, idx: torch.Tensor, batch_size: int = 8, gather: Gather | None = None) -> torch.Tensor:
+    """Per-window diagnostics of `model` on probe windows idx [W, T] (T >= 2): a float64
+    tensor [L, 3, W] of (entropy, effective rank, spectral gap) (`NAMES` order) for each layer
+    and window, each averaged over heads. Windows run batch_size at a time (maps are T x T per
+    head). gather: see the module docstring (ZeRO-3). The model's train/eval mode is restored.
+    Raises ValueError if idx is not [W, T] with T >= 2."""
     if idx.dim() != 2 or idx.shape[1] < 2:
         raise ValueError(f"probe batch must be [B, T] with T >= 2, got shape {tuple(idx.shape)}")
     lambdas = layer_lambdas(model, gather)
@@ -125,9 +120,35 @@ def attention_diagnostics(model: GPT, idx: torch.Tensor, batch_size: int = 8,
                                        for b, x, lam in zip(_blocks(model), inputs, lambdas)]))
     finally:
         model.train(was_training)
-    stats = torch.cat(chunks, dim=-1)  # [L, 3, W]
+    return torch.cat(chunks, dim=-1)
+
+
+def sharded_stats(model: GPT, idx: torch.Tensor, rank: int, world: int, gather: Gather | None = None) -> torch.Tensor:
+    """This rank's piece of `window_stats` of probe idx [W, T] split over `world` ranks: a
+    float64 CPU tensor [L, 3, W] holding the stats of windows rank, rank + world, ... and
+    zeros elsewhere, so the ranks' pieces summed (an all-reduce) are the whole probe's stats.
+    Every rank runs the same forwards, ceil(W / world) windows (a short share is padded with
+    window 0, whose stats are dropped): under ZeRO-3 the forwards and lambda gathers are
+    collective. Raises ValueError for a bad probe (`window_stats`) or rank outside [0, world)."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside a world of {world}")
+    windows = idx.shape[0]
+    mine = list(range(rank, windows, world))
+    share = -(-windows // world)
+    stats = window_stats(model, idx[mine + [0] * (share - len(mine))], gather=gather)[..., :len(mine)].cpu()
+    whole = torch.zeros(stats.shape[0], stats.shape[1], windows, dtype=torch.float64)
+    whole[..., mine] = stats
+    return whole
+
+
+def summarize(stats: torch.Tensor) -> dict[str, float]:
+    """MLflow-ready keys from per-window stats [L, 3, W] (`window_stats`; a sharded probe's
+    pieces may be put together first, in any window order): for each metric in `NAMES`,
+    "attn/<metric>" (mean over windows of the layer-averaged value), "attn/<metric>/std" (its
+    sample std across the W windows; 0 if W = 1) and "attn/<metric>/layer_{i}" (mean over
+    windows) for each 0-based layer i; plus "attn/probe_windows" = W."""
     per_window = stats.mean(0)  # [3, W], layer-averaged
-    out: dict[str, float] = {"attn/probe_windows": float(idx.shape[0])}
+    out: dict[str, float] = {"attn/probe_windows": float(stats.shape[-1])}
     for j, name in enumerate(NAMES):
         values = per_window[j].tolist()
         out[f"attn/{name}"] = statistics.fmean(values)
@@ -135,3 +156,10 @@ def attention_diagnostics(model: GPT, idx: torch.Tensor, batch_size: int = 8,
         for i in range(stats.shape[0]):
             out[f"attn/{name}/layer_{i}"] = stats[i, j].mean().item()
     return out
+
+
+def attention_diagnostics(model: GPT, idx: torch.Tensor, batch_size: int = 8,
+                          gather: Gather | None = None) -> dict[str, float]:
+    """Diagnostics of `model` on probe windows idx [W, T] (T >= 2), as MLflow-ready keys:
+    `summarize` of `window_stats` (see both). Raises ValueError if idx is not [W, T], T >= 2."""
+    return summarize(window_stats(model, idx, batch_size, gather))

@@ -158,19 +158,21 @@ class RunLoop:
 
     @torch.no_grad()
     def _diagnostics(self) -> dict[str, float]:
-        """``attention_diagnostics`` on the run's fixed probe: the first ``PROBE_WINDOWS`` eval
-        windows, whole on every rank (ZeRO-3 forwards and gathers are collective, so every rank
-        computes the same numbers; rank 0 logs them). ZeRO-3 gathers the lambdas it reads."""
+        """``attention_diagnostics`` on the run's fixed probe (the first ``PROBE_WINDOWS`` eval
+        windows), split over the ranks: each computes ``sharded_stats`` (every world-th window;
+        the maps' SVDs cost several eval forwards of the same windows), the pieces are added
+        into the whole probe's stats and every rank summarizes them (rank 0 logs): the numbers
+        one rank computing every window gives. ZeRO-3 gathers the lambdas it reads."""
         import deepspeed
 
-        from model.diagnostics import PROBE_WINDOWS, attention_diagnostics
+        from model.diagnostics import PROBE_WINDOWS, sharded_stats, summarize
 
         self.engine.eval()
         x, _ = next(iter(self.val_loader.eval_xy(PROBE_WINDOWS, PROBE_WINDOWS)))
         gather = deepspeed.zero.GatheredParameters if self.run.resources.zero_stage == 3 else None
-        out = attention_diagnostics(self.engine.module, x.to(self.device), gather=gather)
+        piece = sharded_stats(self.engine.module, x.to(self.device), self.rank, self.world, gather=gather)
         self.engine.train()
-        return out
+        return summarize(torch.tensor(self.dist.sum(piece.flatten().tolist(), self.device)).view_as(piece))
 
     def _ended_earlier(self) -> str | None:
         """``finished``/``failed`` if an earlier attempt of this worker group already ended

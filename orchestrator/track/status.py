@@ -77,6 +77,32 @@ def study_lease_line(study: str, spec: Any | None = None) -> str:
     return f"study lease: {'held by ' + describe_holder(h) if isinstance(h, Holder) else describe_holder(h) or 'free'}"
 
 
+def _train_runs(study: str, tracking_uri: str, db: Path | None) -> dict[str, Any] | None:
+    """The study's training runs by ``run_id`` tag (None: no such experiment): a SQLite store
+    through ``sqlite3`` (no MLflow import: ``track.sqlite_runs``), falling back to MLflow's
+    client on a schema that reader does not know; any other store through the client.
+
+    Raises:
+        ConnectionError: the client's store did not answer or refused the request."""
+    if db is not None:
+        import sqlite3
+
+        from orchestrator.track.sqlite_runs import sqlite_runs
+
+        try:
+            return sqlite_runs(db, study)
+        except sqlite3.Error:
+            pass
+    from mlflow.exceptions import MlflowException
+
+    client = client_for(tracking_uri)
+    try:
+        exp = client.get_experiment_by_name(study)
+        return None if exp is None else find_train_runs(client, exp.experiment_id)
+    except MlflowException as e:  # a server that does not answer or refuses us: exit 1, no traceback
+        raise ConnectionError(f"tracking store {tracking_uri}: {e.message}") from e
+
+
 def study_status(study: str, tracking_uri: str, spec: Any | None = None,
                  warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Rows {run_name, run_id, status, tokens, planned_tokens, val_ppl, note, lease} for a study.
@@ -96,11 +122,10 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None,
         if spec is None:
             raise StudyNotFound(f"study {study!r}: no MLflow store at {db} (has it run? else pass --tracking-uri)")
     else:
-        client = client_for(tracking_uri)
-        exp = client.get_experiment_by_name(study)
-        if exp is None and spec is None:
+        found = _train_runs(study, tracking_uri, db)
+        if found is None and spec is None:
             raise StudyNotFound(f"study {study!r}: no such experiment in the MLflow store")
-        runs = find_train_runs(client, exp.experiment_id) if exp is not None else {}
+        runs = found or {}
     rows = []
     for run_id, r in runs.items():
         m, t, p = r.data.metrics, r.data.tags, r.data.params

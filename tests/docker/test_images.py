@@ -306,3 +306,30 @@ def test_root_dockerignore_keeps_local_state_and_secrets_out(tmp_path: Path, doc
     assert arrived == {"orchestrator/cli.py", "model/gpt.py", "data_pipeline/build.py", "pyproject.toml",
                        "README.md", "constraints.txt", "build/wheelhouse/torch.whl", "docker/requirements.py",
                        "docker/check_env.py", "docker/mlflow/basic_auth.ini"}
+
+
+def test_a_second_image_build_waits_for_the_first(tmp_path: Path) -> None:
+    """`make images` holds a lock across the base image, the wheelhouse and the builds: while
+    another build holds it, a second one (the stack test's `make stack-up` while .ci/run's
+    background build runs) waits and starts nothing. `make -n` prints the builds' commands
+    without running them, but still runs the recursive, locked make."""
+    import fcntl
+    import signal
+
+    lock = tmp_path / "images.lock"
+    argv = ["make", "--no-print-directory", "-n", "images", f"IMAGES_LOCK={lock}"]
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a running build holds it
+        p = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+        finally:
+            os.killpg(p.pid, signal.SIGKILL)
+            waited = p.communicate()[0]
+    assert "docker build" not in waited, waited
+    # Negative control: with the lock free the same command goes on to the three builds.
+    free = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert free.returncode == 0, free.stdout + free.stderr
+    assert free.stdout.count("docker build") == 3, free.stdout

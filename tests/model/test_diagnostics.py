@@ -126,3 +126,26 @@ def test_coupling_changes_effective_rank(make_model):
 def test_probe_batch_must_have_two_tokens(make_model):
     with pytest.raises(ValueError, match="T >= 2"):
         attention_diagnostics(make_model("standard"), torch.zeros(2, 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_sharded_pieces_add_up_to_the_whole_probe(make_model, world):
+    """What a run's ranks log (each computes every world-th window, the pieces are summed) is
+    the one-rank diagnostics of the whole probe; 7 ranks on 5 windows pad the empty shares."""
+    from model.diagnostics import sharded_stats, summarize, window_stats
+
+    model = make_model("coupled")
+    idx = torch.randint(0, 97, (5, 12), generator=torch.Generator().manual_seed(1))
+    pieces = [sharded_stats(model, idx, r, world) for r in range(world)]
+    assert all(p.shape == (model.cfg.n_layer, 3, 5) for p in pieces)
+    for r, p in enumerate(pieces):  # each rank fills only its own windows
+        assert [w for w in range(5) if p[..., w].abs().sum() > 0] == list(range(r, 5, world))
+    whole = torch.stack(pieces).sum(0)
+    assert torch.allclose(whole, window_stats(model, idx), rtol=1e-9, atol=1e-12)
+    got, want = summarize(whole), attention_diagnostics(model, idx)
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-9) for k in want)
+    # negative control: a piece missing (a rank's windows not added) changes the numbers
+    if world > 1:
+        assert summarize(whole - pieces[0])["attn/entropy"] != pytest.approx(want["attn/entropy"], rel=1e-6)
+    with pytest.raises(ValueError, match="rank 3 outside a world of 3"):
+        sharded_stats(model, idx, 3, 3)

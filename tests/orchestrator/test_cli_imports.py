@@ -2,6 +2,7 @@
 ``qkstudy`` process loads (no timing here: `python -m orchestrator.bench --cli` measures it)."""
 
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,21 @@ def test_validate_and_plan_load_no_torch(command):
     rc, heavy = cli_heavy_modules([command, DEMO])
     assert rc == 0
     assert "torch" not in heavy and "deepspeed" not in heavy, heavy
+
+
+def test_status_of_a_sqlite_store_reads_it_without_mlflow(tmp_path):
+    """`status` of the embedded store answers from sqlite3 (``track.sqlite_runs``); an http
+    store still goes through MLflow's client (the negative control: a server URI that does not
+    answer loads mlflow)."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.track.tracking import KIND_TAG, sqlite_uri
+
+    store = sqlite_uri(tmp_path / "mlflow.db")
+    c = MlflowClient(store)
+    c.create_run(c.create_experiment("st"), tags={KIND_TAG: "train", "run_id": "r1", "status": "finished"})
+    rc, heavy = cli_heavy_modules(["status", "st", "--tracking-uri", store, "--json"], cwd=tmp_path)
+    assert rc == 0 and not NEVER & set(heavy), heavy
+    env = {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
+    rc, heavy = cli_heavy_modules(["status", "st", "--tracking-uri", "http://127.0.0.1:9"], cwd=tmp_path, env=env)
+    assert rc == 1 and "mlflow" in heavy  # a server that does not answer: exit 1, said in one line

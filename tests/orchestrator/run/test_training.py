@@ -57,12 +57,12 @@ def _rel(a, b):
 
 
 def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
-    curves, norms, vals, finals, lrs = {}, {}, {}, {}, {}
+    curves, norms, vals, finals, lrs, diags = {}, {}, {}, {}, {}, {}
     configs = [(1, 2, 13), (1, 3, 13), (2, 0, 13), (2, 2, 13), (2, 3, 13), (1, 2, 7), (2, 2, 7)]
     for workers, stage, final_windows in configs:
         name = f"w{workers}z{stage}" + ("same" if final_windows == 7 else "")
         study = parse_spec({**BASE, "name": name, "resources": {"workers": workers, "zero_stage": stage},
-                            "eval": {**BASE["eval"], "final_max_windows": final_windows}})
+                            "eval": {**BASE["eval"], "final_max_windows": final_windows, "diagnostics": True}})
         uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
         (planned,) = plan(study)
         res = run_runs([planned], name, uri, str(tmp_path / name / "ray"), console=Console(quiet=True))
@@ -74,9 +74,19 @@ def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
         vals[name] = _history(uri, name, "val/loss")[1]
         (finals[name],) = [v for _, v in _history(uri, name, "final/val_loss")[1]]
         lrs[name] = (planned.train, _history(uri, name, "lr")[1])
+        # attention diagnostics: two workers each compute half the probe's windows and add them
+        diags[name] = {k: [v for _, v in _history(uri, name, k)[1]] for k in run.data.metrics if k.startswith("attn/")}
         assert "val/accuracy" not in run.data.metrics and "final/val_accuracy" not in run.data.metrics  # text corpus
     ref, ref_norm = curves["w1z2"], norms["w1z2"]
     assert ref[-1] < ref[0] - 1.0  # it learns
+    ref_diag = diags["w1z2"]
+    assert ref_diag["attn/probe_windows"] == [16.0] * 5 and len(ref_diag) == 1 + 3 * (2 + 3)  # 3 layers
+    for name, d in diags.items():
+        assert d.keys() == ref_diag.keys(), name
+        for k, v in d.items():
+            assert _rel(v, ref_diag[k]) < 1e-3, (name, k, v, ref_diag[k])
+    # negative control: the diagnostics move with training by far more than that tolerance
+    assert abs(ref_diag["attn/entropy"][-1] / ref_diag["attn/entropy"][0] - 1) > 1e-2
     for name, c in curves.items():
         worst = _rel(c, ref)
         assert worst < 1e-3, (name, worst)

@@ -1,0 +1,87 @@
+"""A study's runs read straight from an MLflow SQLite store with the stdlib's ``sqlite3``.
+
+Why: ``qkstudy status`` of the embedded store needs each run's tags, params and latest
+metrics, and importing MLflow's client (about 1.1 s) plus opening its SQLAlchemy store (about
+0.6 s, BENCHMARKS.md, issue 18 goal 5) cost more than the whole command may. The report reads
+the same tables in bulk (``orchestrator.report.query``, "SQL path"); this reader is its
+row-sized counterpart: ``runs``, ``tags``, ``params`` and ``latest_metrics`` of MLflow 3's
+schema, read-only. It returns what ``tracking.find_train_runs`` returns through the client
+(the same runs, keyed the same way, with the same fields: tested against it), and raises
+``sqlite3.Error`` on a schema it cannot read, so the caller can fall back to the client.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN
+
+
+@dataclass(frozen=True)
+class StoredRunInfo:
+    """The attributes of an MLflow run that status reads (``mlflow.entities.RunInfo``'s names)."""
+
+    run_id: str
+    run_name: str
+    status: str
+    start_time: int | None
+
+
+@dataclass(frozen=True)
+class StoredRunData:
+    """Latest metric values (NaN where MLflow stored NaN), tags and params, as ``RunData``."""
+
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    params: dict[str, str]
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One MLflow run: ``info`` and ``data``, the two fields of ``mlflow.entities.Run`` read here."""
+
+    info: StoredRunInfo
+    data: StoredRunData
+
+
+_RUNS = ("SELECT run_uuid, name, status, start_time FROM runs WHERE experiment_id = ? AND lifecycle_stage = 'active' "
+         "ORDER BY start_time ASC, run_uuid ASC")
+_PER_RUN = {  # what fills each field of StoredRunData; joined to the experiment's active runs
+    "tags": "SELECT x.run_uuid, x.key, x.value FROM tags x",
+    "params": "SELECT x.run_uuid, x.key, x.value FROM params x",
+    "metrics": "SELECT x.run_uuid, x.key, x.value, x.is_nan FROM latest_metrics x",
+}
+_JOIN = " JOIN runs r ON r.run_uuid = x.run_uuid WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active'"
+
+
+def sqlite_runs(db: Path, study: str, kind: str = KIND_TRAIN) -> dict[str, StoredRun] | None:
+    """The active runs of experiment ``study`` whose ``qkstudy.kind`` tag is ``kind``, keyed by
+    their ``run_id`` tag (else MLflow's run id), the newest by start time winning: the mapping
+    ``find_train_runs`` builds through the client. None when the store has no experiment of
+    that name (whatever its lifecycle stage: ``get_experiment_by_name`` finds deleted ones too).
+
+    Raises:
+        sqlite3.Error: the file is not a SQLite database or lacks MLflow's tables or columns.
+    """
+    with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as conn:
+        row = conn.execute("SELECT experiment_id FROM experiments WHERE name = ?", (study,)).fetchone()
+        if row is None:
+            return None
+        eid = row[0]
+        runs = conn.execute(_RUNS, (eid,)).fetchall()
+        fields: dict[str, dict[str, dict[str, object]]] = {name: {uuid: {} for uuid, *_ in runs} for name in _PER_RUN}
+        for name, select in _PER_RUN.items():
+            for uuid, key, value, *nan in conn.execute(select + _JOIN, (eid,)):
+                fields[name][uuid][key] = math.nan if nan and nan[0] else (float(value) if nan else value)
+    out: dict[str, StoredRun] = {}
+    for uuid, name, status, start in runs:
+        tags = {k: str(v) for k, v in fields["tags"][uuid].items()}
+        if tags.get(KIND_TAG) != kind:
+            continue
+        data = StoredRunData({k: float(v) for k, v in fields["metrics"][uuid].items()},  # type: ignore[arg-type]
+                             tags, {k: str(v) for k, v in fields["params"][uuid].items()})
+        out[tags.get("run_id", uuid)] = StoredRun(StoredRunInfo(uuid, name or "", status, start), data)
+    return out
