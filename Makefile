@@ -101,8 +101,7 @@ wheelhouse: install build/wheelhouse/constraints.txt $(TRAIN_WHEELS)/constraints
 # warm. .ci/run starts one in the background while the suite runs; the stack test runs last.
 IMAGES_LOCK ?= build/images.lock
 images:
-	@mkdir -p $(dir $(IMAGES_LOCK))
-	flock $(IMAGES_LOCK) $(MAKE) --no-print-directory images-unlocked
+	mkdir -p $(dir $(IMAGES_LOCK)) && flock $(IMAGES_LOCK) $(MAKE) --no-print-directory images-unlocked
 
 images-unlocked: base-image wheelhouse
 	docker build -f docker/postgres.Dockerfile --build-arg BASE_IMAGE=$(SERVICE_BASE) -t qkstudy-postgres:$(IMAGE_TAG) docker/postgres

@@ -12,26 +12,34 @@ from __future__ import annotations
 
 import re
 
-# A plain path (no scheme) is a file store, like "file:". SQLAlchemy URIs may name a driver
-# ("postgresql+psycopg", "mysql+pymysql").
+# A plain path (no scheme, or a one-letter one: a Windows drive) is a file store, like "file:".
 TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
+# SQLAlchemy URIs may name one driver ("postgresql+psycopg", "mysql+pymysql"), and only in
+# lower case: SQLAlchemy looks the dialect up by that exact name.
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 
 
 def tracking_uri_problem(uri: str) -> str | None:
-    """Why ``uri`` cannot be an MLflow tracking URI, or None when it can: empty, or a scheme
-    MLflow has no tracking store for (``bogus://``). Only the form is checked, not whether a
-    server answers (that is the run's or the query's connection error)."""
+    """Why ``uri`` cannot be the tracking URI of a study, or None when it can: empty, a scheme
+    MLflow has no tracking store for (``bogus://``, ``s3://``: artifacts only), a database
+    scheme SQLAlchemy would not load (upper case, two drivers, a driver on a non-database
+    scheme), or an in-memory SQLite store (each process would get its own, empty). Only the
+    form is checked, not whether a server answers (that is a connection error later)."""
     if not uri.strip():
         return "empty tracking URI"
     m = _SCHEME_RE.match(uri)
-    if m is None or (len(m.group(1)) == 1 and uri[1:3] in (":\\", ":/")):  # a path (C:\ on Windows)
+    if m is None or len(m.group(1)) == 1:  # a path (C:\\mlruns, C:mlruns)
         return None
-    scheme = m.group(1).lower().split("+", 1)[0]
-    if scheme in TRACKING_SCHEMES:
-        return None
-    return (f"unsupported tracking URI scheme {m.group(1)!r} in {uri!r}: expected a path or one of "
-            + ", ".join(f"{s}:" for s in TRACKING_SCHEMES))
+    scheme, _, driver = m.group(1).partition("+")
+    allowed = ", ".join(f"{s}:" for s in TRACKING_SCHEMES)
+    if scheme.lower() not in TRACKING_SCHEMES or "+" in driver or (driver and scheme.lower() not in DATABASE_SCHEMES):
+        return f"unsupported tracking URI scheme {m.group(1)!r} in {uri!r}: expected a path or one of {allowed}"
+    if scheme.lower() in DATABASE_SCHEMES and m.group(1) != m.group(1).lower():
+        return f"database scheme {m.group(1)!r} in {uri!r} must be lower case ({m.group(1).lower()}:)"
+    if scheme == "sqlite" and uri[m.end():].split("?", 1)[0] in ("", "//", "///", "///:memory:"):
+        return f"{uri!r} is an in-memory SQLite store: every process would get its own, empty (give a file: sqlite:///path/mlflow.db)"
+    return None
 
 
 class TrackingURIError(ValueError):

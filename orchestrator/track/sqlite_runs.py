@@ -12,6 +12,7 @@ schema, read-only. It returns what ``tracking.find_train_runs`` returns through 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sqlite3
 from dataclasses import dataclass
@@ -47,41 +48,67 @@ class StoredRun:
     data: StoredRunData
 
 
+# MLflow orders NULL start times last; run_uuid breaks ties (SqlAlchemyStore's order clauses).
 _RUNS = ("SELECT run_uuid, name, status, start_time FROM runs WHERE experiment_id = ? AND lifecycle_stage = 'active' "
-         "ORDER BY start_time ASC, run_uuid ASC")
+         "ORDER BY start_time IS NULL, start_time ASC, run_uuid ASC")
 _PER_RUN = {  # what fills each field of StoredRunData; joined to the experiment's active runs
     "tags": "SELECT x.run_uuid, x.key, x.value FROM tags x",
     "params": "SELECT x.run_uuid, x.key, x.value FROM params x",
     "metrics": "SELECT x.run_uuid, x.key, x.value, x.is_nan FROM latest_metrics x",
 }
 _JOIN = " JOIN runs r ON r.run_uuid = x.run_uuid WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active'"
+DEFAULT_WORKSPACE = "default"  # MLflow 3's experiments are unique per (workspace, name); the client's default
+
+
+def _experiment_id(conn: sqlite3.Connection, study: str) -> int | None:
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(experiments)")}
+    where, args = "name = ?", [study]
+    if "workspace" in columns:
+        where, args = where + " AND workspace = ?", [study, DEFAULT_WORKSPACE]
+    row = conn.execute(f"SELECT experiment_id FROM experiments WHERE {where}", args).fetchone()
+    return None if row is None else row[0]
+
+
+def _read(conn: sqlite3.Connection, study: str) -> tuple[list[tuple], dict[str, dict[str, dict[str, object]]]] | None:
+    """(active runs, {field: {run uuid: {key: value}}}) of the study's experiment, or None."""
+    eid = _experiment_id(conn, study)
+    if eid is None:
+        return None
+    runs = conn.execute(_RUNS, (eid,)).fetchall()
+    fields: dict[str, dict[str, dict[str, object]]] = {name: {uuid: {} for uuid, *_ in runs} for name in _PER_RUN}
+    for name, select in _PER_RUN.items():
+        for uuid, key, value, *nan in conn.execute(select + _JOIN, (eid,)):
+            if uuid in fields[name]:
+                fields[name][uuid][key] = math.nan if nan and nan[0] else (float(value) if nan else value)
+    return runs, fields
 
 
 def sqlite_runs(db: Path, study: str, kind: str = KIND_TRAIN) -> dict[str, StoredRun] | None:
-    """The active runs of experiment ``study`` whose ``qkstudy.kind`` tag is ``kind``, keyed by
-    their ``run_id`` tag (else MLflow's run id), the newest by start time winning: the mapping
-    ``find_train_runs`` builds through the client. None when the store has no experiment of
-    that name (whatever its lifecycle stage: ``get_experiment_by_name`` finds deleted ones too).
+    """The active runs of experiment ``study`` (MLflow's default workspace) whose
+    ``qkstudy.kind`` tag is ``kind``, keyed by their ``run_id`` tag (else MLflow's run id), the
+    newest by start time winning: the mapping ``find_train_runs`` builds through the client.
+    None when the store has no experiment of that name (whatever its lifecycle stage:
+    ``get_experiment_by_name`` finds deleted ones too). One read transaction: a driver that
+    creates or updates runs meanwhile is seen before or after, never half.
 
     Raises:
         sqlite3.Error: the file is not a SQLite database or lacks MLflow's tables or columns.
     """
-    with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as conn:
-        row = conn.execute("SELECT experiment_id FROM experiments WHERE name = ?", (study,)).fetchone()
-        if row is None:
-            return None
-        eid = row[0]
-        runs = conn.execute(_RUNS, (eid,)).fetchall()
-        fields: dict[str, dict[str, dict[str, object]]] = {name: {uuid: {} for uuid, *_ in runs} for name in _PER_RUN}
-        for name, select in _PER_RUN.items():
-            for uuid, key, value, *nan in conn.execute(select + _JOIN, (eid,)):
-                fields[name][uuid][key] = math.nan if nan and nan[0] else (float(value) if nan else value)
+    with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)) as conn:
+        conn.execute("BEGIN")  # one snapshot for every SELECT below
+        try:
+            found = _read(conn, study)
+        finally:
+            conn.execute("COMMIT")
+    if found is None:
+        return None
+    runs, fields = found
     out: dict[str, StoredRun] = {}
     for uuid, name, status, start in runs:
-        tags = {k: str(v) for k, v in fields["tags"][uuid].items()}
+        tags = {k: None if v is None else str(v) for k, v in fields["tags"][uuid].items()}
         if tags.get(KIND_TAG) != kind:
             continue
         data = StoredRunData({k: float(v) for k, v in fields["metrics"][uuid].items()},  # type: ignore[arg-type]
-                             tags, {k: str(v) for k, v in fields["params"][uuid].items()})
-        out[tags.get("run_id", uuid)] = StoredRun(StoredRunInfo(uuid, name or "", status, start), data)
+                             tags, {k: None if v is None else str(v) for k, v in fields["params"][uuid].items()})  # type: ignore[arg-type]
+        out[str(tags["run_id"]) if "run_id" in tags else uuid] = StoredRun(StoredRunInfo(uuid, name or "", status, start), data)
     return out

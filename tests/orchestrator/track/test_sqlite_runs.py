@@ -62,6 +62,17 @@ def test_the_reader_returns_what_mlflows_client_returns(store) -> None:
     assert sqlite_runs(db, "no-such-study") is None
 
 
+def test_ties_in_start_time_and_a_deleted_experiment_read_as_the_client_reads_them(tmp_path) -> None:
+    c = MlflowClient(sqlite_uri(tmp_path / "mlflow.db"))
+    eid = c.create_experiment("s")
+    for i in range(6):  # three run_ids retried at the same millisecond: the tie-break decides which wins
+        c.create_run(eid, start_time=1_000, tags={KIND_TAG: "train", "run_id": f"r{i % 3}", "status": f"s{i}"})
+    assert _view(sqlite_runs(tmp_path / "mlflow.db", "s")) == _view(find_train_runs(c, eid))
+    c.delete_experiment(eid)  # its runs go with it; the experiment is still found by name
+    assert c.get_experiment_by_name("s") is not None and find_train_runs(c, eid) == {}
+    assert sqlite_runs(tmp_path / "mlflow.db", "s") == {}
+
+
 def test_the_comparison_sees_a_difference(store) -> None:
     """Negative control: the same comparison against the client before a change to the store
     differs from the reader after it."""
