@@ -1,6 +1,6 @@
-"""The compose-stack flow is collected last whatever order pytest is given its files in
-(tests/conftest.py): .ci/run builds the stack's images in the background while the rest of the
-suite runs, so the stack test must not start first and wait for them."""
+"""The suite's order (tests/conftest.py): unit tests, then the slow ones, then the compose-stack
+flow, whatever order pytest is given its files in; and the slow tests wait for a running image
+build: .ci/run builds the stack's images in the background while lint and the unit tests run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-FILES = ["tests/docker/test_stack.py", "tests/docker/test_images.py"]  # the stack's first on the line
+FILES = ["tests/docker/test_stack.py", "tests/orchestrator/run/test_node_loss.py", "tests/docker/test_images.py"]
 
 
 def collected(*extra: str) -> list[str]:
@@ -21,10 +21,32 @@ def collected(*extra: str) -> list[str]:
     return [line.split("::")[0] for line in res.stdout.splitlines() if "::" in line]
 
 
-def test_stack_tests_are_collected_last() -> None:
+def test_unit_then_slow_then_stack_whatever_the_command_lines_order() -> None:
     files = collected()
-    assert FILES[0] in files and FILES[1] in files
-    first_stack = files.index(FILES[0])
-    assert set(files[first_stack:]) == {FILES[0]}, files  # nothing after the stack flow
+    groups = [0 if f == FILES[2] else 1 if f == FILES[1] else 2 for f in files]
+    assert set(groups) == {0, 1, 2} and groups == sorted(groups), files
     # Negative control: without the conftest hook, pytest keeps the command line's order.
     assert collected("--noconftest")[0] == FILES[0]
+
+
+def test_a_slow_test_waits_for_a_running_image_build(tmp_path) -> None:
+    import fcntl
+    import importlib.util
+    import threading
+    import time
+
+    spec = importlib.util.spec_from_file_location("suite_conftest", REPO / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    wait_for_image_build = module.wait_for_image_build
+    lock = tmp_path / "images.lock"
+    assert wait_for_image_build(lock) == 0.0  # no build ever ran: no file
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a build holds it
+        release = threading.Timer(1.5, lambda: fcntl.flock(held, fcntl.LOCK_UN))
+        release.start()
+        t0 = time.monotonic()
+        waited = wait_for_image_build(lock)
+        release.join()
+    assert 1.3 < waited and time.monotonic() - t0 >= 1.3
+    assert wait_for_image_build(lock) < 1.0  # negative control: nobody holds it now
