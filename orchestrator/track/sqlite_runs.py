@@ -36,8 +36,8 @@ class StoredRunData:
     """Latest metric values (NaN where MLflow stored NaN), tags and params, as ``RunData``."""
 
     metrics: dict[str, float]
-    tags: dict[str, str]
-    params: dict[str, str]
+    tags: dict[str, str | None]  # None: a value MLflow stored as NULL
+    params: dict[str, str | None]
 
 
 @dataclass(frozen=True)
@@ -105,10 +105,15 @@ def sqlite_runs(db: Path, study: str, kind: str = KIND_TRAIN) -> dict[str, Store
     runs, fields = found
     out: dict[str, StoredRun] = {}
     for uuid, name, status, start in runs:
-        tags = {k: None if v is None else str(v) for k, v in fields["tags"][uuid].items()}
+        tags = _text(fields["tags"][uuid])
         if tags.get(KIND_TAG) != kind:
             continue
-        data = StoredRunData({k: float(v) for k, v in fields["metrics"][uuid].items()},  # type: ignore[arg-type]
-                             tags, {k: None if v is None else str(v) for k, v in fields["params"][uuid].items()})  # type: ignore[arg-type]
+        metrics = {k: float(v) for k, v in fields["metrics"][uuid].items()}  # type: ignore[arg-type]
+        data = StoredRunData(metrics, tags, _text(fields["params"][uuid]))
         out[str(tags["run_id"]) if "run_id" in tags else uuid] = StoredRun(StoredRunInfo(uuid, name or "", status, start), data)
     return out
+
+
+def _text(values: dict[str, object]) -> dict[str, str | None]:
+    """Tag or param values as MLflow's client gives them: text, or None for a NULL."""
+    return {k: None if v is None else str(v) for k, v in values.items()}
