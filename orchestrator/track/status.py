@@ -77,7 +77,8 @@ def study_lease_line(study: str, spec: Any | None = None) -> str:
     return f"study lease: {'held by ' + describe_holder(h) if isinstance(h, Holder) else describe_holder(h) or 'free'}"
 
 
-def _train_runs(study: str, tracking_uri: str, db: Path | None) -> dict[str, Any] | None:
+def _train_runs(study: str, tracking_uri: str, db: Path | None,
+                warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
     """The study's training runs by ``run_id`` tag (None: no such experiment): a SQLite store
     through ``sqlite3`` (no MLflow import: ``track.sqlite_runs``), falling back to MLflow's
     client on a schema that reader does not know; any other store through the client.
@@ -91,8 +92,8 @@ def _train_runs(study: str, tracking_uri: str, db: Path | None) -> dict[str, Any
 
         try:
             return sqlite_runs(db, study)
-        except sqlite3.Error:
-            pass
+        except sqlite3.Error as e:  # say why this status is slower than usual
+            (warn or (lambda _: None))(f"{db}: read through MLflow's client ({type(e).__name__}: {e})")
     from mlflow.exceptions import MlflowException
 
     client = client_for(tracking_uri)
@@ -122,7 +123,7 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None,
         if spec is None:
             raise StudyNotFound(f"study {study!r}: no MLflow store at {db} (has it run? else pass --tracking-uri)")
     else:
-        found = _train_runs(study, tracking_uri, db)
+        found = _train_runs(study, tracking_uri, db, warn)
         if found is None and spec is None:
             raise StudyNotFound(f"study {study!r}: no such experiment in the MLflow store")
         runs = found or {}

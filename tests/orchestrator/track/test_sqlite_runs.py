@@ -91,8 +91,10 @@ def test_status_rows_are_the_same_through_either_reader(store, monkeypatch) -> N
         raise sqlite3.OperationalError("no such table: latest_metrics")  # a schema this reader does not know
 
     monkeypatch.setattr("orchestrator.track.sqlite_runs.sqlite_runs", unreadable)
-    via_client = study_status("s", sqlite_uri(db))  # falls back to MLflow's client
+    said: list[str] = []
+    via_client = study_status("s", sqlite_uri(db), warn=said.append)  # falls back to MLflow's client
     assert via_sqlite == via_client
+    assert said == [f"{db}: read through MLflow's client (OperationalError: no such table: latest_metrics)"]
     assert [(r["run_name"], r["status"], r["tokens"], r["val_ppl"]) for r in via_sqlite] == \
         [("b", "running", 256, None), ("a", "finished", 1024, 20.25)]
 
