@@ -1,5 +1,7 @@
 # Front doors: `make demo`, `make test`, `make bench`. Each installs what it needs first.
 PYTHON ?= python3
+# The tiers' recipes use bash's PIPESTATUS.
+SHELL  := /bin/bash
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -8,7 +10,7 @@ LOCK   := constraints.txt
 # CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH_PIN ?= $(shell grep -m1 '^torch==' $(LOCK))
 
-.PHONY: install demo test test-fast bench lint clean lock evidence base-image wheelhouse images images-unlocked stack-up stack-down
+.PHONY: install demo test test-unit test-slow test-stack bench lint clean lock evidence base-image wheelhouse images images-unlocked stack-up stack-down
 
 install: $(STAMP)
 
@@ -37,11 +39,28 @@ evidence: install
 	  $(BIN)/qkstudy report jobs/$$s.yaml --out results/$$s --no-log || exit $$?; \
 	done
 
-test: install
-	$(BIN)/python -m pytest -q --timeout=1200 --durations=25 tests
+# Three tiers (CONTRIBUTING.md): unit (no Ray, no DeepSpeed, no training, no Docker; a conftest
+# guard fails a test that starts one), slow (real Ray, DeepSpeed, MLflow), stack (the compose
+# stack, loopback multi-node clusters, kill tests). `make test` runs all three in that order,
+# every tier even when an earlier one failed, and fails if any did. Each tier writes its
+# durations and a JUnit XML under build/test/.
+PYTEST  = $(BIN)/python -m pytest -q --timeout=1200 --durations=0
+TIERDIR = build/test
+test-unit: install
+	@mkdir -p $(TIERDIR)
+	$(PYTEST) -m "not slow and not stack" --junitxml=$(TIERDIR)/unit.xml tests | tee $(TIERDIR)/unit-durations.txt; exit $${PIPESTATUS[0]}
 
-test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" tests
+test-slow: install
+	@mkdir -p $(TIERDIR)
+	$(PYTEST) -m "slow and not stack" --junitxml=$(TIERDIR)/slow.xml tests | tee $(TIERDIR)/slow-durations.txt; exit $${PIPESTATUS[0]}
+
+test-stack: install
+	@mkdir -p $(TIERDIR)
+	$(PYTEST) -m stack --junitxml=$(TIERDIR)/stack.xml tests | tee $(TIERDIR)/stack-durations.txt; exit $${PIPESTATUS[0]}
+
+test: install
+	@rc=0; for t in unit slow stack; do $(MAKE) --no-print-directory test-$$t || rc=1; done; \
+	  $(BIN)/python -m tests.tier_summary $(TIERDIR); exit $$rc
 
 bench: install
 	$(BIN)/python -m model.bench

@@ -121,7 +121,7 @@ def _spawn_without_main():
     `if __name__ == "__main__"` guard, or Ray's worker entry point): the task function lives in
     data_pipeline.encode, so workers never need it."""
     main = sys.modules["__main__"]
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    saved: dict[str, object] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
     main.__dict__.pop("__file__", None)
     main.__spec__ = None
     try:

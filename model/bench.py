@@ -45,9 +45,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.config import ModelConfig
+from model.counts import ModelCounts, count_model
 from model.coupled import DynamicsQK
 from model.fused_qk import QK_IMPLS, check_impl, resolve_impl
-from model.gpt import GPT, ModelCounts, count_model
+from model.gpt import GPT
 from model.presets import PRESETS, build_config
 
 DEFAULT_VARIANTS = ("standard", "coupled", "coupled:integrator=leapfrog", "uncoupled_mlp",
@@ -312,7 +313,7 @@ def _header(args: argparse.Namespace, argv: list[str] | None, machine: str, star
             f"repeats of {args.steps} steps after {args.warmup} warm-up; ratios are medians of paired per-repeat "
             f"ratios (IQR: their 25th-75th percentiles; best-of: fastest step over standard's fastest); "
             f"FLOP ratio = analytic training FLOPs/token (model FLOPs; executed: what the kernels run, "
-            f"`model.gpt.ModelCounts`); {mfu}load = median 1-min load avg.\n\n")
+            f"`model.counts.ModelCounts`); {mfu}load = median 1-min load avg.\n\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,8 @@ Counting conventions (DESIGN.md):
   full sequence (not causally halved); training FLOPs = 3 x forward. Elementwise work
   (norms, softmax, activations, the integrator's axpys) is not counted, as in Kaplan et al.
   2020 / Chinchilla. Budgets use these only; executed FLOPs (what fused kernels run,
-  `executed=True`, `ModelCounts.executed_flops_per_token`) are a separate number.
+  `executed=True`, `model.counts.ModelCounts.executed_flops_per_token`) are a separate number.
+Whole-model counts of a config, without building it, are `model.counts` (above this module).
 """
 from __future__ import annotations
 
@@ -33,12 +34,11 @@ from torch import nn
 
 from model.attention import CausalSelfAttention
 from model.config import ModelConfig
-from model.counts import ModelCounts, count_model
 from model.coupled import DynamicsQK
 from model.fused_qk import check_impl
-from model.init import NoInitOnMeta, normal_, seeded_generator
+from model.init import normal_, seeded_generator
 
-__all__ = ["GPT", "MLP", "STAGES", "Block", "ModelCounts", "count_instantiated", "count_model"]
+__all__ = ["GPT", "MLP", "STAGES", "Block"]
 
 STAGES = ("qk_transform", "scoring")
 """The attention sub-modules a variant swaps (`model.registry`); the rest is the backbone."""
@@ -164,13 +164,3 @@ class GPT(nn.Module):
         blocks: list[Block] = list(self.blocks)  # type: ignore[arg-type]
         return sum(b.num_flops_per_token(T, executed) for b in blocks) + 2 * self.cfg.d_model * self.cfg.vocab_size
 
-
-def count_instantiated(cfg: ModelConfig) -> ModelCounts:
-    """Parameter and FLOP counts of `GPT(cfg)` at cfg.seq_len, read off the model built on the
-    meta device (no weights allocated; milliseconds even at 350m). `count_model` (`model.counts`)
-    computes the same by arithmetic without torch; this is its reference (tests) and the count
-    of a variant registered without analytic counts."""
-    with torch.device("meta"), NoInitOnMeta():
-        m = GPT(cfg, seed=0)
-    fwd = m.num_flops_per_token()
-    return ModelCounts(m.num_params(True), m.num_params(False), fwd, 3 * fwd, 3 * m.num_flops_per_token(executed=True))

@@ -26,7 +26,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from model.config import ModelConfig
-from model.gpt import GPT, count_model
+from model.counts import count_model
+from model.gpt import GPT
 from model.presets import DEFAULT_VOCAB_SIZE, PRESETS, build_config
 
 

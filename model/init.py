@@ -6,7 +6,7 @@ parameter that two variants share (same name, same shape) gets the same values w
 else either variant constructs, and the variant's own parameters come from generators no
 shared parameter uses. Values are drawn in float32 on the CPU and copied into the
 parameter, so they are also the same on every device and dtype. Meta tensors (used by
-`model.gpt.count_model`) hold no values and are skipped.
+`model.counts.count_instantiated` and `Variant.contributions`) hold no values and are skipped.
 """
 from __future__ import annotations
 

@@ -17,8 +17,10 @@ The stage contract the rest of `model/` relies on:
   more than the definition (a separate number, never in budgets); reset_parameters(generator)
   if the stage has parameters (`GPT` calls it with the stage's own generator, `model.init`).
   The stage's parameters are its parameter contribution (counted from the module).
-* the entry: `counts(cfg)`, the same contributions by arithmetic (`model.counts`, torch-free:
-  what the planner uses; tests/model/test_counts.py checks them against the built stages).
+* the entry: `counts(cfg)`, the same contributions by arithmetic (`model.stage_counts`,
+  torch-free: what the planner uses; tests/model/test_registry.py checks them against the
+  built stages). Whole-model counts (`model.counts`) sit above this table: they add the
+  entry's counts, or `Variant.contributions` where it gives none, to the backbone's.
   Stage factories are named lazily (`lazy("module:function")`), so this table imports no torch.
 """
 from __future__ import annotations
@@ -30,14 +32,14 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from model.counts import (
+from model.options import CoupledOptions, DynamicsOptions
+from model.stage_counts import (
     Contributions,
     coupled_counts,
     coupled_differential_counts,
     differential_counts,
     uncoupled_counts,
 )
-from model.options import CoupledOptions, DynamicsOptions
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +47,8 @@ if TYPE_CHECKING:
 
     from model.config import ModelConfig
 
-__all__ = ["CONFIG_FIELDS", "REGISTRY", "VARIANTS", "Contributions", "Variant", "get_variant", "register",
-           "resolve_options", "stage_flops"]
+__all__ = ["CONFIG_FIELDS", "REGISTRY", "VARIANTS", "Variant", "get_variant", "register", "resolve_options",
+           "stage_flops"]
 
 # ModelConfig's own fields: options may not reuse these names (they travel flat beside them).
 CONFIG_FIELDS = frozenset({"vocab_size", "seq_len", "n_layer", "d_model", "n_head", "variant", "options"})
@@ -78,7 +80,7 @@ class Variant:
     index); options is a pydantic model whose fields are the accepted options and defaults.
     paired_heads: the variant groups heads in pairs, so n_head must be even.
     counts(cfg): what the stages add to standard attention over all layers, by arithmetic
-    (`model.counts`; torch-free, what the planner uses); None: counted on the built stages.
+    (`model.stage_counts`; torch-free, what the planner uses); None: counted on the built stages.
     """
 
     name: str

@@ -77,7 +77,7 @@ def bench_training(steps: int = 60) -> list[dict]:
     from mlflow.tracking import MlflowClient
     from rich.console import Console
 
-    from orchestrator.run.runner import run_runs
+    from orchestrator.run.driver.runner import run_runs
     from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, default_tracking_uri
 
     rows = []
@@ -116,7 +116,7 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
     starting a Ray Train worker group costs. Local Ray started once, data cached, 1 worker x 2 CPUs."""
     from rich.console import Console
 
-    from orchestrator.run.runner import run_runs
+    from orchestrator.run.driver.runner import run_runs
     from orchestrator.track.tracking import default_tracking_uri
 
     rows = []

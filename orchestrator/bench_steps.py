@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from orchestrator.plan.planner import RunSpec, plan
+from orchestrator.plan.contract import RunSpec
+from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 
 
@@ -51,7 +52,7 @@ def run_stack(study: dict[str, Any], root: Path) -> tuple[float, float, str, Run
     from mlflow.tracking import MlflowClient
     from rich.console import Console
 
-    from orchestrator.run.runner import run_runs
+    from orchestrator.run.driver.runner import run_runs
     from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, default_tracking_uri
 
     (run,) = plan(parse_spec(study))
@@ -73,7 +74,7 @@ def run_bare(run: RunSpec, data_path: str, threads: int = 2, seed: int | None = 
     negative control: other weights, other losses)."""
     from data_pipeline import TokenLoader
     from model import GPT, ModelConfig
-    from orchestrator.run.optim import batch_geometry, lr_multiplier, param_groups
+    from orchestrator.run.worker.optim import batch_geometry, lr_multiplier, param_groups
 
     torch.set_num_threads(threads)
     t = run.train

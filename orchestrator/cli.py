@@ -131,8 +131,8 @@ def calibrate(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
               allow_noisy: bool = typer.Option(False, "--allow-noisy", help="Warn, not refuse, when noisy or loaded.")) -> None:
     """Measure tokens/s of every (scale, variant) on the study's hardware (for wallclock budgets)."""
     from orchestrator.cli_tables import calibration_table
-    from orchestrator.run import calibrate as measure
-    from orchestrator.run.runner import init_ray
+    from orchestrator.run.driver import calibrate as measure
+    from orchestrator.run.driver.runner import init_ray
 
     s = _load(spec)
     init_ray(address)
@@ -153,8 +153,8 @@ def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
     """Run a study: train every planned run not already finished in MLflow."""
     from orchestrator.plan.paths import check_local_corpus_paths
     from orchestrator.plan.spec import SpecError
-    from orchestrator.run.data import CorpusError
-    from orchestrator.run.runner import run_study
+    from orchestrator.run.driver.prepare_tasks import CorpusError
+    from orchestrator.run.driver.study import run_study
     from orchestrator.track.tracking import redact_uri, study_tracking_uri
 
     s = _load(spec)
@@ -181,7 +181,7 @@ def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written 
     from orchestrator.cli_files import load_run_file
     from orchestrator.plan.spec import default_workdir
     from orchestrator.plan.tracking_uri import check_tracking_uri
-    from orchestrator.run.runner import run_runs
+    from orchestrator.run.driver.runner import run_runs
     from orchestrator.track.tracking import default_tracking_uri
 
     if tracking_uri is not None:
@@ -255,7 +255,7 @@ def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the 
            allow_ephemeral: bool = typer.Option(False, "--allow-ephemeral", help="Submit a spec whose tracking_uri / storage_path default to the job's temporary working dir (lost when it ends)."),
            no_upload: bool = typer.Option(False, "--no-upload", help="Upload nothing: the cluster has this code (its image) and reads SPEC at the same absolute path (shared storage).")) -> None:
     """Send a study to a Ray cluster through the Job Submission API; print the job id."""
-    from orchestrator.run.submit import submit as submit_job
+    from orchestrator.run.driver.submit import submit as submit_job
 
     print(submit_job(spec, address, allow_insecure=allow_insecure, allow_ephemeral=allow_ephemeral, upload=not no_upload))
 
@@ -279,7 +279,7 @@ def status(study: str = typer.Argument(..., help="Study name or spec path."),
         err.print(f"[yellow]warning[/]: {escape(line)}")
     jobs = []
     if address:
-        from orchestrator.run.submit import study_jobs
+        from orchestrator.run.driver.submit import study_jobs
 
         jobs = study_jobs(address, name, allow_insecure=allow_insecure)
     if as_json:
@@ -298,7 +298,7 @@ def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy 
          follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep printing until the job ends."),
          allow_insecure: bool = typer.Option(False, "--allow-insecure")) -> None:
     """Print (and follow) a submitted job's logs."""
-    from orchestrator.run.submit import follow_logs
+    from orchestrator.run.driver.submit import follow_logs
 
     for chunk in follow_logs(address, job_id, follow=follow, allow_insecure=allow_insecure):
         sys.stdout.write(chunk)

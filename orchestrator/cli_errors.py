@@ -31,9 +31,9 @@ def print_error(message: str) -> None:
 
 
 # The product's input errors (exit code 2), each named by the module that defines it.
-INPUT_ERRORS = (("orchestrator.plan.specfile", "SpecError"), ("orchestrator.plan.planner", "PlanError"),
+INPUT_ERRORS = (("orchestrator.plan.specfile", "SpecError"), ("orchestrator.plan.contract", "PlanError"),
                 ("data_pipeline.errors", "DataError"), ("orchestrator.plan.inputs", "CorpusError"),
-                ("orchestrator.run.submit", "AddressError"), ("orchestrator.track.status", "StudyNotFound"),
+                ("orchestrator.run.driver.submit", "AddressError"), ("orchestrator.track.status", "StudyNotFound"),
                 ("orchestrator.report.errors", "ReportError"), ("orchestrator.track.lease", "LeaseHeld"),
                 ("orchestrator.run.final_weights", "FinalWeightsError"),
                 ("orchestrator.plan.tracking_uri", "TrackingURIError"))

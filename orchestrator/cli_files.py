@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from orchestrator.plan.specfile import SpecError
 
 if TYPE_CHECKING:
-    from orchestrator.plan.planner import RunSpec
+    from orchestrator.plan.contract import RunSpec
 
 
 def write_run_files(folder: Path, runs: list[RunSpec]) -> None:
@@ -44,7 +44,7 @@ def load_run_file(run_file: Path) -> RunSpec:
     import yaml
     from pydantic import ValidationError
 
-    from orchestrator.plan.planner import RunSpec
+    from orchestrator.plan.contract import RunSpec
 
     if not run_file.is_file():
         raise SpecError(run_file, [("", "no such file")])

@@ -2,7 +2,7 @@
 # The GPU numbers BENCHMARKS.md needs (issue 18, goal 4), in one short script:
 #   1. model.bench at 60m and 150m: standard, coupled (the default QK implementation: compiled
 #      on CUDA) and coupled:impl=eager, bf16 autocast, flash SDPA only; tokens/s, MFU against
-#      the device's peak (orchestrator/run/mfu.py), coupled/standard ratio (goal <= 1.05),
+#      the device's peak (orchestrator/run/worker/mfu.py), coupled/standard ratio (goal <= 1.05),
 #      step memory. Tables go to $OUT/BENCHMARKS.gpu.md (append them to BENCHMARKS.md).
 #   2. the short stack run jobs/gpu-smoke.yaml (standard vs coupled at 60m, one GPU, local Ray,
 #      MLflow in runs/gpu-smoke/mlflow.db) and each run's throughput/tokens_per_s,
@@ -24,7 +24,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then
 fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-PEAK=$("$PY" -c "from orchestrator.run.mfu import device_peak_flops as p; v = p(); print(v / 1e12 if v else '')")
+PEAK=$("$PY" -c "from orchestrator.run.worker.mfu import device_peak_flops as p; v = p(); print(v / 1e12 if v else '')")
 echo "peak bf16 TFLOP/s: ${PEAK:-unknown (no MFU column)}"
 BENCH=(-m model.bench --device cuda --variants standard coupled coupled:impl=eager --vocab-size 32000
        --sdpa flash --repeats 10 --steps 5 --warmup 3 --out "$OUT/BENCHMARKS.gpu.md" ${PEAK:+--peak-tflops "$PEAK"})

@@ -9,28 +9,44 @@ branch: its RunSpec is an independent WSD run of S_m steps (so its LR at every s
 independent run's, ``test_branches``) plus ``trunk`` (the trunk's run_id) and
 ``branch_step`` = b_m, both in its identity: a resubmit finds it, and a changed trunk gives
 its branches new ids. All budgets warm up over the x1 budget's warmup (one step count:
-the identity needs it, ``branches`` module docstring). Pure: no Ray, no MLflow.
+the identity needs it, ``branches`` module docstring). ``branch_family`` says which runs a
+family holds (``BranchFamily``); the planner makes their RunSpecs. Pure: no Ray, no MLflow.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from orchestrator.plan.branches import BranchPlan, plan_branches
+from orchestrator.plan.branches import Branch, BranchPlan, plan_branches
+from orchestrator.plan.contract import PlanError, RunSpec, TrainRecipe
 from orchestrator.plan.ladder import FieldError
 from orchestrator.plan.spec import Study
 
-# make(e=multiplier, steps=S_m, train=recipe, branch=fields) -> RunSpec (planner._run_spec, partially applied)
-MakeRun = Callable[..., Any]
+
+class BranchFamily(NamedTuple):
+    """One (scale, seed)'s reference runs under ``protocol: branches``, before their RunSpecs:
+    the recipe they share (its warmup the plan's common one), the trunk (the longest budget)
+    and the other branches by ascending multiplier."""
+
+    recipe: TrainRecipe
+    trunk: Branch
+    branches: tuple[Branch, ...]
+
+    def trunk_fields(self) -> dict[str, Any]:
+        """The trunk's RunSpec branch fields (in its identity): its own decay start and every
+        other branch's branch point."""
+        return {"branch_points": sorted({b.branch_step for b in self.branches}), "branch_step": self.trunk.branch_step}
+
+    @staticmethod
+    def branch_fields(branch: Branch, trunk: RunSpec) -> dict[str, Any]:
+        """A branch's RunSpec branch fields (in its identity): its trunk's run_id and its step."""
+        return {"trunk": trunk.run_id, "branch_step": branch.branch_step}
 
 
 def reference_branches(study: Study, reference_tokens: float, tokens_per_step: int) -> BranchPlan:
     """``plan_branches`` with the study's extend list and ``train`` schedule.
 
     Raises PlanError (from the FieldError: the field and why) when the budgets cannot branch."""
-    from orchestrator.plan.planner import PlanError
-
     t = study.train
     try:
         return plan_branches(reference_tokens, study.extend, tokens_per_step, warmup_fraction=t.warmup_fraction,
@@ -39,23 +55,16 @@ def reference_branches(study: Study, reference_tokens: float, tokens_per_step: i
         raise PlanError(f"protocol: branches: {e}") from None  # str(e) is "<field>: <why>"
 
 
-def branch_family(study: Study, reference_tokens: float, train: Any, make: MakeRun) -> list[Any]:
-    """RunSpecs of one (scale, seed)'s reference: the trunk (the longest budget) first, then
-    the branches by ascending multiplier. ``train``: the resolved recipe (its warmup is
-    replaced by the plan's common warmup)."""
+def branch_family(study: Study, reference_tokens: float, train: TrainRecipe) -> BranchFamily:
+    """The runs of one (scale, seed)'s reference: the trunk (the longest budget) and the
+    branches by ascending multiplier. ``train``: the resolved recipe (its warmup is replaced by
+    the plan's common warmup)."""
     bp = reference_branches(study, reference_tokens, train.tokens_per_step)
-    recipe = train.model_copy(update={"warmup_steps": bp.warmup_steps})
     *others, longest = bp.branches
-    trunk = make(e=longest.multiplier, steps=longest.total_steps, train=recipe,
-                 branch={"branch_points": sorted({b.branch_step for b in others}), "branch_step": longest.branch_step})
-    runs = [trunk]
-    for b in others:
-        runs.append(make(e=b.multiplier, steps=b.total_steps, train=recipe,
-                         branch={"trunk": trunk.run_id, "branch_step": b.branch_step}))
-    return runs
+    return BranchFamily(train.model_copy(update={"warmup_steps": bp.warmup_steps}), longest, tuple(others))
 
 
-def reference_compute(study: Study, runs: list[Any]) -> str:
+def reference_compute(study: Study, runs: list[RunSpec]) -> str:
     """``qkstudy plan``'s line on the reference's training steps under each protocol, summed
     over every (corpus, scale, seed) from its planned x1 run: branched = trunk + cooldowns,
     independent = the sum of the budgets (``BranchPlan``; budgets re-rounded from the x1

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from orchestrator.plan.planner import RunSpec, plan
+from orchestrator.plan.contract import RunSpec
+from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import Study
 from orchestrator.plan.throughput import throughput_table
 
@@ -48,7 +49,7 @@ def corpus_hashes(study: Study, strict: bool = True) -> dict[str, str | None]:
     from data_pipeline.build import content_hash
     from data_pipeline.sources import fingerprint
 
-    # The same configs, built the same way, as the preparation task gets (run.data).
+    # The same configs, built the same way, as the preparation task gets (run.driver.prepare_tasks).
     tokenizer = TokenizerConfig.model_validate(study.tokenizer.model_dump(mode="json"))
     out: dict[str, str | None] = {}
     for name, corpus in study.corpus_map.items():

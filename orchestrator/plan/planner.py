@@ -13,7 +13,7 @@ reference runs are one trunk and its cooldown branches (``orchestrator.plan.bran
 Run identity: ``run_id`` is the first 16 hex digits of the SHA-256 of the canonical JSON of
 everything that changes what a run computes (variant and options, model config, scale,
 seed, token budget and schedule, eval cadence, corpus and tokenizer config, the corpus's
-content hash, and ``IDENTITY_VERSION``) and nothing that does not (workers, ZeRO stage,
+content hash, and ``IDENTITY_VERSION``; both in ``orchestrator.plan.contract``) and nothing that does not (workers, ZeRO stage,
 storage, tracking URI, the throughput figures themselves). Same config and same data, same
 id: re-submitting a study finds its finished runs by id; editing one corpus file gives its
 runs new ids (new MLflow runs, new Ray Train names), and the runner marks the old ones
@@ -24,119 +24,16 @@ in, like the throughput table, so the planner stays pure.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from functools import partial
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from model import ModelCounts, count_model
+from orchestrator.plan.branch_runs import BranchFamily, branch_family
+from orchestrator.plan.contract import IDENTITY_VERSION, PlanError, RunSpec, TrainRecipe, run_identity
 from orchestrator.plan.custom_scales import scale_config, scale_recipe
 from orchestrator.plan.recipe import BETAS
-from orchestrator.plan.spec import ResourcesSpec, Study, VariantSpec
+from orchestrator.plan.spec import Study, VariantSpec
 from orchestrator.plan.throughput import ThroughputTable, declared_throughput
-
-# Bump when a code change alters what an unchanged config computes, so old runs re-train.
-# 2: the corpus's content hash joined the identity; one eval subset per run (curve and final).
-IDENTITY_VERSION = 2
-
-
-class PlanError(ValueError):
-    """The study validates but cannot be planned (e.g. a budget below one optimizer step)."""
-
-
-class TrainRecipe(BaseModel):
-    """The resolved optimizer and schedule of one run (no defaults left open)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    seq_len: int
-    global_batch: int
-    micro_batch: int
-    lr: float
-    schedule: str
-    warmup_steps: int
-    decay_fraction: float
-    min_lr_ratio: float
-    weight_decay: float
-    betas: tuple[float, float]
-    grad_clip: float
-    log_every_steps: int
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Tokens per optimizer step: global_batch sequences x seq_len tokens."""
-        return self.global_batch * self.seq_len
-
-
-class RunSpec(BaseModel):
-    """One planned training run: everything a worker needs, JSON round-trippable.
-
-    Units: ``tokens`` (training tokens), ``flops_per_token`` (training FLOPs per token,
-    3 x forward), ``total_flops`` = tokens x flops_per_token. ``n_params`` is N, the
-    non-embedding parameter count; ``n_params_total`` includes embeddings. ``data_hash``:
-    the corpus's content hash the run was planned with (None: planned without one, e.g. an
-    older run file). ``calibration`` (wallclock budgets only): where the tokens/s came from
-    (``source``: spec or calibration), ``digest`` (of the whole table) and this scale's
-    ``tokens_per_s`` per variant, recorded with the run.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    study: str
-    run_id: str
-    corpus_name: str
-    variant: str
-    model_variant: str
-    options: dict[str, Any]
-    scale: str
-    seed: int
-    extend: float
-    model: dict[str, Any]
-    n_params: int
-    n_params_total: int
-    flops_per_token: int
-    steps: int
-    tokens: int
-    total_flops: int
-    train: TrainRecipe
-    eval_every_steps: int
-    eval_max_windows: int
-    final_max_windows: int | None
-    diagnostics: bool
-    checkpoint_every_evals: int
-    corpus: dict[str, Any]
-    tokenizer: dict[str, Any]
-    resources: ResourcesSpec
-    data_hash: str | None = None
-    calibration: dict[str, Any] | None = None
-    kind: str = "train"  # or "tune" (orchestrator.plan.tune_plan); in the identity only when not train
-    # protocol: branches (orchestrator.plan.branch_runs). A branch starts from the checkpoint
-    # its trunk (``trunk``: the trunk's run_id) saved after ``branch_step`` optimizer steps;
-    # the trunk (``trunk`` None, ``branch_step`` its own decay start) saves one at each of its
-    # ``branch_points``.
-    trunk: str | None = None
-    branch_step: int | None = None
-    branch_points: list[int] = Field(default_factory=list)
-
-    @property
-    def run_name(self) -> str:
-        """Human-readable MLflow run name, e.g. ``coupled-cpu-s-s0-x1`` (``@corpus`` appended
-        when the study has several corpora)."""
-        name = f"{self.variant}-{self.scale}-s{self.seed}-x{_fmt_extend(self.extend)}"
-        if self.kind != "train":  # a tuning run: its LR names it, e.g. tune-coupled-cpu-s-lr0.003-s0
-            name = f"{self.kind}-{self.variant}-{self.scale}-lr{self.train.lr:g}-s{self.seed}"
-        return name if self.corpus_name == self.corpus.get("source") else f"{name}@{self.corpus_name}"
-
-    @property
-    def extend_tag(self) -> str:
-        """The extend multiplier as MLflow's ``extend`` tag writes it (``1``, ``2.4``)."""
-        return _fmt_extend(self.extend)
-
-
-def _fmt_extend(e: float) -> str:
-    return str(int(e)) if float(e).is_integer() else f"{e:g}"
 
 
 def resolve_train(study: Study, scale: str) -> TrainRecipe:
@@ -160,12 +57,6 @@ def resolve_train(study: Study, scale: str) -> TrainRecipe:
         grad_clip=t.grad_clip,
         log_every_steps=t.log_every_steps,
     )
-
-
-def run_identity(payload: dict[str, Any]) -> str:
-    """SHA-256 (first 16 hex digits) of the canonical JSON of ``payload``."""
-    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _mqar_params(corpus: dict[str, Any]) -> dict[str, Any]:
@@ -257,11 +148,9 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
             lr = tuned_lr.get((v.name, scale)) or v.lr or base.lr
             for seed in study.seeds:
                 if branched:
-                    from orchestrator.plan.branch_runs import branch_family
-
                     make = partial(_run_spec, study, corpus_name, corpus, v, scale, seed, model_cfg=configs[v.name].model_dump(),
                                    c=counts[v.name], eval_every=eval_every, extra=extra)
-                    runs.extend(branch_family(study, d_v, base.model_copy(update={"lr": lr}), make))
+                    runs.extend(_branched_runs(branch_family(study, d_v, base.model_copy(update={"lr": lr})), make))
                     continue
                 for e in multipliers:
                     steps = _steps_for(d_v * e, tps)
@@ -270,6 +159,15 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
                     runs.append(_run_spec(study, corpus_name, corpus, v, scale, seed, e, configs[v.name].model_dump(),
                                           counts[v.name], steps, train, eval_every, extra))
     return runs
+
+
+def _branched_runs(family: BranchFamily, make: partial[RunSpec]) -> list[RunSpec]:
+    """The RunSpecs of one branched family (``orchestrator.plan.branch_runs``): the trunk first,
+    then each branch, which names the trunk's run_id (so it enters the branch's identity)."""
+    t = family.trunk
+    trunk = make(e=t.multiplier, steps=t.total_steps, train=family.recipe, branch=family.trunk_fields())
+    return [trunk, *(make(e=b.multiplier, steps=b.total_steps, train=family.recipe, branch=family.branch_fields(b, trunk))
+                     for b in family.branches)]
 
 
 def _scale_recipe(study: Study, scale: str, mqar: dict[str, Any] | None) -> TrainRecipe:

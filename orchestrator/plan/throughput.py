@@ -4,7 +4,7 @@ A table is ``{scale: {variant name: tokens/s of one run with the study's worker 
 ``wallclock`` budgets and the device-hour estimate of ``qkstudy plan`` read it. Two sources:
 figures declared in the spec (``budget.throughput``, the same at every scale), which take
 precedence, and the file ``qkstudy calibrate`` writes (``<workdir>/calibration.json``; the
-measurement itself is ``orchestrator.run.calibrate``). This module only reads and writes
+measurement itself is ``orchestrator.run.driver.calibrate``). This module only reads and writes
 tables: no Ray, no hardware, so the planner stays a pure function of its inputs.
 """
 
@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from orchestrator.plan.contract import RunSpec
 from orchestrator.plan.spec import Study
-
-if TYPE_CHECKING:  # the planner imports this module
-    from orchestrator.plan.planner import RunSpec
 
 CALIBRATION_FILE = "calibration.json"
 
@@ -39,7 +37,7 @@ def calibration_path(study: Study) -> Path:
 
 def save_calibration(study: Study, table: ThroughputTable, details: dict[str, Any] | None = None) -> Path:
     """Write ``{"tokens_per_s": table, **details}`` atomically (temp file, then rename);
-    ``details``: how it was measured (``orchestrator.run.calibrate.Calibration.details``:
+    ``details``: how it was measured (``orchestrator.run.driver.calibrate.Calibration.details``:
     spread per entry, samples, load average, repeats). Returns the file's path."""
     p = calibration_path(study)
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ across resubmits, so finished tuning runs are found by id, and independent of th
 picks (no circle). The main runs are then planned with ``plan(..., tuned_lr=tuned_lrs(...))``
 so the chosen LR enters their identity through ``train.lr``.
 
-Order of a tuned study (``orchestrator.run.tuning_stage``): plan untuned -> `plan_tuning` ->
+Order of a tuned study (``orchestrator.run.driver.study``): plan untuned -> `plan_tuning` ->
 train those -> `choose` on their final val losses -> `tuned_lrs` -> plan -> train those.
 Pure: no Ray, no MLflow.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from orchestrator.plan.planner import RunSpec, run_identity
+from orchestrator.plan.contract import RunSpec, run_identity
 from orchestrator.plan.spec import Study
 from orchestrator.plan.tuning import Arm, LrChoice, TuningResult, TuningRun, choose_lr, tuning_runs
 

@@ -2,7 +2,7 @@
 
 Why: a study's cost is what a researcher pays for an answer, and time outside optimizer steps
 (start-up, evaluations, checkpoints, logging) buys no training. Each finished run logs its
-split once, at its last step (``run.worker.RunLoop.time_split``: ``time/elapsed_s`` from the
+split once, at its last step (``run.worker.loop.RunLoop.time_split``: ``time/elapsed_s`` from the
 worker loop's start and the watchdog's exclusive section totals ``time/{startup,step,eval,
 checkpoint}_s``; earlier attempts' figures as of their last checkpoint added). Here they are
 summed per variant and over the study. Not in it: the driver's own start-up (Ray, data

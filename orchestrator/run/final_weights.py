@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from model import GPT, ModelConfig
-from orchestrator.run.evaluate import eval_sums
+from orchestrator.run.worker.evaluate import eval_sums
 from orchestrator.track.tracking import client_for
 
 ARTIFACT_DIR = "final_weights"

@@ -2,7 +2,7 @@
 
 A run's id covers its corpus's content hash (``orchestrator.plan.planner``, IDENTITY_VERSION 2),
 and every training run records that hash as its ``data_hash`` param
-(``orchestrator.run.register.run_params``). ``qkstudy status`` / ``report`` given a spec plan
+(``orchestrator.run.driver.records.run_params``). ``qkstudy status`` / ``report`` given a spec plan
 the study here, where the corpus may be another copy (a cluster's shared storage holds the
 one the runs used), unreadable, or edited since. Planned with the local hash, no run id
 would match MLflow's and every run would show as missing. Instead, for each corpus:
@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from orchestrator.plan.planner import RunSpec, plan
+from orchestrator.plan.contract import RunSpec
+from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import Study
 
 

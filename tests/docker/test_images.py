@@ -190,7 +190,7 @@ def test_deepspeed_prebuilds_only_the_op_training_loads() -> None:
     """CPU training loads deepspeed_shm_comm (DeepSpeed's CPU all-reduce) and nothing else:
     the optimizer is torch's AdamW (DeepSpeed gets no optimizer section, so no cpu_adam /
     fused_adam) and nothing is offloaded (no async_io). GPU training loads no op at all."""
-    from orchestrator.run.optim import batch_geometry, deepspeed_config
+    from orchestrator.run.worker.optim import batch_geometry, deepspeed_config
 
     for on_gpu in (False, True):
         for stage in (0, 1, 2, 3):
@@ -276,6 +276,7 @@ def test_requirements_helper_reads_pyproject() -> None:
 # --------------------------------------------------------------------------- build context
 
 
+@pytest.mark.stack
 def test_root_dockerignore_keeps_local_state_and_secrets_out(tmp_path: Path, docker_engine: str) -> None:
     """The real engine's view of a context laid out like the repository, with the repository's
     .dockerignore: only sources, the lock and the wheelhouse arrive."""

@@ -1,5 +1,5 @@
 """The stack's tracking half, for real and without containers: `mlflow server --app-name
-basic-auth` on loopback over a Postgres backend (fixtures in conftest.py). A run logged with
+basic-auth` on loopback over a Postgres backend (fixtures in tests/fixtures/services.py). A run logged with
 credentials lands in Postgres; requests without or with wrong credentials get 401; no secret
 appears in the server's log. The slow test runs a tiny real study (`qkstudy run`) into it."""
 

@@ -189,7 +189,7 @@ def study_jobs(stack: dict) -> list[dict]:
 def job_status(stack: dict, job_id: str) -> str:
     """Ray's status of a job. In a subprocess: Ray reads its auth settings once per process,
     and this one may have imported Ray (test collection) without the stack's token."""
-    code = f"from orchestrator.run.submit import job_status; print(job_status({stack['dashboard']!r}, {job_id!r}))"
+    code = f"from orchestrator.run.driver.submit import job_status; print(job_status({stack['dashboard']!r}, {job_id!r}))"
     res = run([sys.executable, "-c", code], env=stack["env"], timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout.strip()

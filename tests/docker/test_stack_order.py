@@ -1,5 +1,5 @@
-"""The suite's order (tests/conftest.py): unit tests, then the slow ones, then the compose-stack
-flow, whatever order pytest is given its files in; and the slow tests wait for a running image
+"""The suite's order (tests/fixtures/tiers.py): unit tests, then the slow ones, then the stack
+tier, whatever order pytest is given its files in; and the slow tests wait for a running image
 build: .ci/run builds the stack's images in the background while lint and the unit tests run."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-FILES = ["tests/docker/test_stack.py", "tests/orchestrator/run/test_node_loss.py", "tests/docker/test_images.py"]
+FILES = ["tests/docker/test_stack.py", "tests/orchestrator/test_e2e.py", "tests/docker/test_compose.py"]  # stack, slow, unit
 
 
 def collected(*extra: str) -> list[str]:
@@ -25,20 +25,17 @@ def test_unit_then_slow_then_stack_whatever_the_command_lines_order() -> None:
     files = collected()
     groups = [0 if f == FILES[2] else 1 if f == FILES[1] else 2 for f in files]
     assert set(groups) == {0, 1, 2} and groups == sorted(groups), files
-    # Negative control: without the conftest hook, pytest keeps the command line's order.
+    # Negative control: without the conftest (and so the tiers plugin), pytest keeps the command line's order.
     assert collected("--noconftest")[0] == FILES[0]
 
 
 def test_a_slow_test_waits_for_a_running_image_build(tmp_path) -> None:
     import fcntl
-    import importlib.util
     import threading
     import time
 
-    spec = importlib.util.spec_from_file_location("suite_conftest", REPO / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    wait_for_image_build = module.wait_for_image_build
+    from tests.fixtures.tiers import wait_for_image_build
+
     lock = tmp_path / "images.lock"
     assert wait_for_image_build(lock) == 0.0  # no build ever ran: no file
     with open(lock, "w") as held:

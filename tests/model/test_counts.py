@@ -1,5 +1,5 @@
 """The torch-free counts (`model.counts.count_model`, what the planner uses) equal the counts
-of the built torch model (`model.gpt.count_instantiated`) for every preset, every variant and
+of the built torch model (`model.counts.count_instantiated`) for every preset, every variant and
 the options that change them, and importing them loads no torch (issue 18)."""
 
 import itertools
@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from model import PRESETS, VARIANTS, build_config, count_model
-from model.gpt import GPT, count_instantiated
+from model.counts import count_instantiated
+from model.gpt import GPT
 
 OPTION_GRID = {
     "coupled": [dict(integrator=i, n_steps=n, coupling_hidden=h, coupling_sharing=s)
@@ -46,8 +47,8 @@ def test_a_wrong_formula_is_caught(monkeypatch):
     # negative control: the equality is sharp enough to see one dt per head go missing
     import dataclasses
 
-    from model.counts import coupled_counts
     from model.registry import REGISTRY
+    from model.stage_counts import coupled_counts
 
     cfg = build_config("cpu-xs", "coupled")
 
@@ -60,14 +61,25 @@ def test_a_wrong_formula_is_caught(monkeypatch):
     assert count_model(cfg).n_params == count_instantiated(cfg).n_params - cfg.n_layer * cfg.n_head
 
 
-def test_a_variant_without_counts_is_counted_on_its_built_model(monkeypatch):
+def test_a_variant_without_counts_is_counted_on_its_built_stages(monkeypatch):
+    """The fallback adds the variant's own stages (built on meta) to the backbone's formula;
+    it builds no whole model: with `GPT` unbuildable it still counts, and equals the reference."""
     import dataclasses
 
+    import model.gpt
     from model.registry import REGISTRY
 
     monkeypatch.setitem(REGISTRY, "coupled", dataclasses.replace(REGISTRY["coupled"], counts=None))
-    cfg = build_config("cpu-xs", "coupled")
-    assert count_model(cfg) == count_instantiated(cfg)
+    for variant, options in (("coupled", {}), ("coupled", {"coupling_sharing": "head", "n_steps": 2})):
+        cfg = build_config("cpu-xs", variant, **options)
+        expected = count_instantiated(cfg)
+        with monkeypatch.context() as m:
+            m.setattr(model.gpt.GPT, "__init__", _unbuildable)
+            assert count_model(cfg) == expected
+
+
+def _unbuildable(*args, **kwargs):
+    raise AssertionError("count_model built the whole model")
 
 
 def test_counting_imports_no_torch():

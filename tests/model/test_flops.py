@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from model import PRESETS, VARIANTS, build_config, count_model
-from model.counts import coupled_counts, differential_counts, dynamics_counts
 from model.info import check_flop_delta, measure_flops_per_token, model_info
 from model.options import CoupledOptions
 from model.registry import REGISTRY
+from model.stage_counts import coupled_counts, differential_counts, dynamics_counts
 
 DIFFERENTIAL = ("differential", "coupled_differential")
 

@@ -6,20 +6,12 @@ per-step losses equal the stack's logged ``train/loss`` under ZeRO 0 and, with m
 from __future__ import annotations
 
 import pytest
-import ray
 from mlflow.tracking import MlflowClient
 
 from orchestrator.bench_steps import bench_study, run_bare, run_stack
 from orchestrator.track.tracking import default_tracking_uri
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.parametrize("zero_stage,micro_batch", [(0, None), (2, 2)])

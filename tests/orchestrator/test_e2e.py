@@ -11,37 +11,15 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.helpers import qk
+
 pytestmark = pytest.mark.slow
-
-SPEC = """\
-name: e2e
-corpus: {source: stdlib, max_documents: 60}
-tokenizer: {vocab_size: 512}
-scales: [cpu-xs]
-variants: [standard, {name: coupled, options: {integrator: euler, n_steps: 1}}]
-budget: {mode: flops, tokens: 32768}
-extend: [2]
-train: {global_batch: 8, seq_len: 64}
-eval: {num_evals: 2, max_windows: 8, final_max_windows: 16}
-resources: {workers: 2, cpus_per_worker: 1, zero_stage: 2}
-"""
-
-
-def _qk(*args, cwd, env):
-    exe = Path(sys.executable).with_name("qkstudy")
-    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    d = tmp_path_factory.mktemp("e2e")
-    (d / "e2e.yaml").write_text(SPEC)
-    env = {**os.environ, "QKSTUDY_CACHE": str(d / "cache"), "RAY_ADDRESS": ""}
-    env.pop("RAY_ADDRESS")
-    res = _qk("run", "e2e.yaml", cwd=d, env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    plan = json.loads(_qk("plan", "e2e.yaml", "--json", cwd=d, env=env).stdout)
-    return d, env, plan, res
+def study(tiny_study):
+    """The session's trained tiny study (tests/fixtures/studies.py), read-only."""
+    return tiny_study.folder, tiny_study.env, tiny_study.plan, tiny_study.log
 
 
 def _train_runs(d):
@@ -89,40 +67,42 @@ def test_loss_goes_down(study):
         assert hist[-1].value < hist[0].value - 0.5
 
 
-def test_resubmit_trains_nothing(study):
-    d, env, plan, _ = study
+def test_resubmit_trains_nothing(tiny_study_copy):
+    d, env, plan = tiny_study_copy.folder, tiny_study_copy.env, tiny_study_copy.plan
     before = {r.info.run_id for r in _train_runs(d)[1]}
-    res = _qk("run", "e2e.yaml", cwd=d, env=env)
+    res = qk("run", "e2e.yaml", cwd=d, env=env)
     assert res.returncode == 0, res.stderr
     assert f"{len(plan)} run(s) already finished in MLflow: skipped (Ray not started)" in res.stderr
     assert {r.info.run_id for r in _train_runs(d)[1]} == before
 
 
-def test_rerun_of_a_finished_study_decides_from_mlflow_without_ray(study, monkeypatch):
-    import ray
-    from rich.console import Console
-
-    from orchestrator.plan.spec import load_spec
-    from orchestrator.run.runner import run_study
-
-    d, _, plan, _ = study
-    monkeypatch.chdir(d)  # the spec's default work dir, runs/e2e, is relative
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert not ray.is_initialized()
-    try:
-        res = run_study(load_spec(d / "e2e.yaml"), console=Console(quiet=True))
-        started = ray.is_initialized()
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-    assert not started, "a finished study started Ray"
-    assert res.ok and res.status == {p["run_id"]: "skipped" for p in plan}
+RERUN_WITHOUT_RAY = """\
+import ray
+from rich.console import Console
+from orchestrator.plan.spec import load_spec
+from orchestrator.run.driver.runner import run_study
+assert not ray.is_initialized()
+res = run_study(load_spec("e2e.yaml"), console=Console(quiet=True))
+print(json.dumps({"ray_started": ray.is_initialized(), "ok": res.ok, "status": res.status}))
+"""
 
 
-def test_report_reads_mlflow_and_is_reproducible(study):
-    d, env, plan, _ = study
+def test_rerun_of_a_finished_study_decides_from_mlflow_without_ray(tiny_study_copy):
+    """In a fresh process (this one may hold the session's local Ray): ``run_study`` of the
+    finished study decides from MLflow alone and never initializes Ray."""
+    d, env, plan = tiny_study_copy.folder, tiny_study_copy.env, tiny_study_copy.plan
+    out = subprocess.run([sys.executable, "-c", "import json\n" + RERUN_WITHOUT_RAY], cwd=d, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not res["ray_started"], "a finished study started Ray"
+    assert res["ok"] and res["status"] == {p["run_id"]: "skipped" for p in plan}
+
+
+def test_report_reads_mlflow_and_is_reproducible(tiny_study_copy):
+    d, env, plan = tiny_study_copy.folder, tiny_study_copy.env, tiny_study_copy.plan
     out = d / "report"
-    res = _qk("report", "e2e.yaml", "--out", str(out), "--json", cwd=d, env=env)
+    res = qk("report", "e2e.yaml", "--out", str(out), "--json", cwd=d, env=env)
     assert res.returncode == 0, res.stderr
     first = json.loads(res.stdout)
     assert [s["scale"] for s in first] == ["cpu-xs"]
@@ -137,7 +117,7 @@ def test_report_reads_mlflow_and_is_reproducible(study):
     for v, ppl in finals.items():
         assert first[0]["final_ppl"][v] == pytest.approx(ppl)
     shutil.rmtree(out)
-    again = json.loads(_qk("report", "e2e.yaml", "--out", str(out), "--json", cwd=d, env=env).stdout)
+    again = json.loads(qk("report", "e2e.yaml", "--out", str(out), "--json", cwd=d, env=env).stdout)
     assert again == first
 
 
@@ -158,7 +138,7 @@ def test_bad_corpus_exits_2_before_mlflow(case, corpus, expect, tmp_path):
             "variants": ["standard"], "budget": {"tokens": 8 * 4096}, "train": {"global_batch": 8, "seq_len": 4096}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    res = _qk("run", "s.yaml", cwd=tmp_path, env=env)
+    res = qk("run", "s.yaml", cwd=tmp_path, env=env)
     assert res.returncode == 2, res.stderr[-2000:]
     assert "s.yaml: " + expect in res.stderr.replace("\n", " "), res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "\x1b[" not in res.stderr
@@ -189,7 +169,7 @@ def test_changed_corpus_file_trains_new_runs_and_supersedes_the_old(tmp_path):
     (tmp_path / "sup.yaml").write_text(SUPERSEDE_SPEC)
     env = {**os.environ, "QKSTUDY_CACHE": str(tmp_path / "cache")}
     env.pop("RAY_ADDRESS", None)
-    res = _qk("run", "sup.yaml", cwd=tmp_path, env=env)
+    res = qk("run", "sup.yaml", cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     c = MlflowClient(f"sqlite:///{tmp_path / 'runs/sup/mlflow.db'}")
     exp_id = c.get_experiment_by_name("sup").experiment_id
@@ -201,7 +181,7 @@ def test_changed_corpus_file_trains_new_runs_and_supersedes_the_old(tmp_path):
 
     before = history(old.info.run_id)
     (docs / "d3.txt").write_text((docs / "d3.txt").read_text() + "\n# one more line\n")
-    res = _qk("run", "sup.yaml", cwd=tmp_path, env=env)
+    res = qk("run", "sup.yaml", cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "superseded" in res.stderr
     runs = {r.info.run_id: r for r in c.search_runs([exp_id])}  # every kind
@@ -216,8 +196,8 @@ def test_changed_corpus_file_trains_new_runs_and_supersedes_the_old(tmp_path):
     assert new.info.status == "FINISHED" and "restarts" not in new.data.tags  # trained from scratch
     assert new.data.params["data_hash"] != o.data.params["data_hash"]
     assert history(new.info.run_id)["tokens"][-1] == (10240, 10240.0)
-    plan = json.loads(_qk("plan", "sup.yaml", "--json", cwd=tmp_path, env=env).stdout)
+    plan = json.loads(qk("plan", "sup.yaml", "--json", cwd=tmp_path, env=env).stdout)
     assert [(p["run_id"], p["data_hash"]) for p in plan] == [(new.data.tags["run_id"], new.data.params["data_hash"])]
-    res = _qk("run", "sup.yaml", cwd=tmp_path, env=env)
+    res = qk("run", "sup.yaml", cwd=tmp_path, env=env)
     assert res.returncode == 0 and "1 run(s) already finished in MLflow: skipped" in res.stderr, res.stderr[-3000:]
     assert len(c.search_runs([exp_id])) == 2

@@ -3,10 +3,11 @@
 import pytest
 
 from orchestrator.plan.branch_runs import reference_compute
-from orchestrator.plan.planner import PlanError, plan
+from orchestrator.plan.contract import PlanError
+from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.optim import lr_multiplier
-from orchestrator.run.packing import make_packs
+from orchestrator.run.driver.packing import make_packs
+from orchestrator.run.worker.optim import lr_multiplier
 
 TPS = 8 * 64
 BASE = {"name": "b", "scales": ["cpu-xs"], "variants": ["standard", "coupled"], "seeds": [0, 1],

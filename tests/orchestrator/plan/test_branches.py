@@ -4,7 +4,7 @@ import pytest
 
 from orchestrator.plan.branches import plan_branches, protocol_problems
 from orchestrator.plan.ladder import FieldError
-from orchestrator.run.optim import lr_multiplier
+from orchestrator.run.worker.optim import lr_multiplier
 
 TPS = 16 * 128
 SCHED = {"warmup_fraction": 0.05, "decay_fraction": 0.2, "min_lr_ratio": 0.1}

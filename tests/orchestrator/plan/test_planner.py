@@ -5,7 +5,8 @@ import json
 import pytest
 
 from model import build_config, count_model
-from orchestrator.plan.planner import PlanError, plan
+from orchestrator.plan.contract import PlanError
+from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 
 BASE = {
@@ -91,7 +92,7 @@ def test_run_identity_is_stable_and_sensitive():
 
 
 def test_runspec_roundtrips_through_json():
-    from orchestrator.plan.planner import RunSpec
+    from orchestrator.plan.contract import RunSpec
 
     r = _plan()[0]
     assert RunSpec.model_validate(json.loads(r.model_dump_json())) == r

@@ -16,25 +16,25 @@ MQAR = SyntheticStudy(study="mqar-acc", variants={"standard": 1.0, "coupled": 1.
 
 
 @pytest.fixture(scope="module")
-def mqar_report(store, tmp_path_factory):
-    write_synthetic_study(MQAR, store)
+def mqar_report(synthetic_store, tmp_path_factory):
+    write_synthetic_study(MQAR, synthetic_store)
     out = tmp_path_factory.mktemp("mqar") / "r"
-    return build_report(MQAR.study, store, out, log_to_mlflow=False, n_boot=20), out
+    return build_report(MQAR.study, synthetic_store, out, log_to_mlflow=False, n_boot=20), out
 
 
-def _logged(store) -> pd.DataFrame:
+def _logged(synthetic_store) -> pd.DataFrame:
     """final/val_accuracy of every x1 run, read back through the MLflow client."""
-    client = MlflowClient(store)
+    client = MlflowClient(synthetic_store)
     exp = client.get_experiment_by_name(MQAR.study)
     rows = [{"scale": r.data.tags["scale"], "variant": r.data.tags["variant"], "acc": r.data.metrics["final/val_accuracy"]}
             for r in client.search_runs([exp.experiment_id]) if r.data.tags["extend"] == "1"]
     return pd.DataFrame(rows)
 
 
-def test_accuracy_table_is_the_seed_mean_and_std_of_the_logged_finals(mqar_report, store):
+def test_accuracy_table_is_the_seed_mean_and_std_of_the_logged_finals(mqar_report, synthetic_store):
     summary, out = mqar_report
     table = pd.read_csv(out / "accuracy.csv")
-    truth = _logged(store).groupby(["scale", "variant"])["acc"].agg(["mean", "std", "size"])
+    truth = _logged(synthetic_store).groupby(["scale", "variant"])["acc"].agg(["mean", "std", "size"])
     assert len(table) == 4 and list(table["variant"].drop_duplicates()) == ["standard", "coupled"]  # reference first
     for r in table.itertuples():
         t = truth.loc[(r.scale, r.variant)]

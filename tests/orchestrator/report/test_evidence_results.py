@@ -1,10 +1,10 @@
 """The evidence study (RESULTS.md, results/cpu-evidence*): each published report regenerates from
-its published MLflow store table for table, RESULTS.md quotes the report's numbers, and the
-study's own acceptance holds in the data: every arm's final perplexity is at most half its
-corpus's unigram perplexity, and the reference's finals at x1, x1.5, x2, x3 fall with tokens
-in every seed (the token ratio interpolates a real curve, not schedule noise)."""
+its published MLflow store (every table the published folder and the regenerated report share
+agrees), every number RESULTS.md quotes is the regenerated report's, and the study's own
+acceptance holds in the data: every arm's final perplexity is at most half its corpus's unigram
+perplexity, and the reference's finals at x1, x1.5, x2, x3 fall with tokens in every seed (the
+token ratio interpolates a real curve, not schedule noise)."""
 
-import gzip
 import shutil
 from pathlib import Path
 
@@ -12,12 +12,15 @@ import pandas as pd
 import pytest
 
 from orchestrator.report import build_report
+from tests import published
+from tests.published import Quote, assert_shared_tables_equal, unzip_store
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "results"
 MAIN = "cpu-evidence"
 MQAR = ("cpu-evidence-mqar-easy", "cpu-evidence-mqar-medium")
 TEXT = (ROOT / "RESULTS.md").read_text() if (ROOT / "RESULTS.md").exists() else ""
+UNIGRAM_QUOTED = {"medium"}  # the MQAR presets whose unigram perplexity RESULTS.md prints
 
 
 def _store(study: str) -> Path:
@@ -27,43 +30,146 @@ def _store(study: str) -> Path:
 pytestmark = pytest.mark.skipif(not _store(MAIN).exists(), reason="no published cpu-evidence store")
 
 
-def _folders(study: str) -> list[Path]:
-    """The report's per-corpus folders (a one-corpus study writes its tables at the top)."""
-    top = RESULTS / study
-    subs = sorted(p for p in top.iterdir() if p.is_dir())
-    return subs or [top]
+def _folders(study: str, root: Path = RESULTS) -> list[Path]:
+    """The report's per-corpus folders under ``root / study``, named as in the published report
+    (a one-corpus study writes its tables at the top)."""
+    subs = sorted(p.name for p in (RESULTS / study).iterdir() if p.is_dir())
+    return [root / study / s for s in subs] or [root / study]
 
 
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory):
+    """A root holding each study's report, each built at most once from its published store."""
+    root = tmp_path_factory.mktemp("evidence")
+    built: set[str] = set()
+
+    def get(study: str) -> Path:
+        if study not in built:
+            (root / f"{study}-store").mkdir()
+            build_report(study, unzip_store(_store(study), root / f"{study}-store"), root / study, log_to_mlflow=False)
+            built.add(study)
+        return root
+
+    return get
+
+
+def _pct(x: float) -> str:
+    """A fraction as RESULTS.md prints it: one decimal, two below 1%."""
+    return f"{100 * x:.1f}" if x >= 0.01 else f"{100 * x:.2f}"
+
+
+def _p(p: float) -> str:
+    """A p-value as RESULTS.md prints it: three decimals below 0.05, else two."""
+    return f"{p:.3f}" if p < 0.05 else f"{p:.2f}"
+
+
+def quoted_numbers(root: Path) -> list[Quote]:
+    """What RESULTS.md must quote, formatted from the reports under ``root`` (one folder per
+    study, the published layout) as the page prints them: (section heading or None, exact text)."""
+    out: list[Quote] = []
+    for folder in _folders(MAIN, root):
+        corpus = folder.name
+        fp = pd.read_csv(folder / "final_ppl.csv")
+        uni = pd.read_csv(folder / "unigram.csv").set_index("variant")
+        tr = pd.read_csv(folder / "token_ratio.csv").set_index("variant")
+        paired = pd.read_csv(folder / "paired.csv").set_index("variant")
+        tuning = pd.read_csv(folder / "tuning.csv").set_index("variant")
+        cost = pd.read_csv(folder / "cost.csv").set_index("variant")
+        att = pd.read_csv(folder / "attention.csv").set_index("variant")
+        u0 = uni["unigram_ppl"].iloc[0]
+        out.append((None, f"{u0:.1f}"))
+        sec = f"### {corpus}: unigram perplexity {u0:.1f}"
+        out.append((None, sec))
+        for r in fp.itertuples():
+            v = r.variant
+            out.append((None, f"{r.mean_ppl:.2f} ± {r.std:.2f}"))
+            out.append((None, f"{tuning.loc[v, 'chosen_lr']:g}"))
+            if v in tr.index:
+                out.append((None, f"{tr.loc[v, 'token_ratio']} {tr.loc[v, 'interval_95']}"))
+            if v in paired.index:
+                p = paired.loc[v]
+                vs = (f"{p.paired_ppl_pct:+.1f}% [{p.paired_ppl_pct_low:+.1f}, {p.paired_ppl_pct_high:+.1f}] | "
+                      f"{_p(p.p_value)} | {p.verdict} | {p.detectable:.3f} | {int(p.seeds_needed)} | "
+                      f"{tr.loc[v, 'token_ratio']} {tr.loc[v, 'interval_95']}")
+            else:
+                vs = "reference | reference | reference | reference | reference | -"
+            out.append((sec, f"| {v} | {tuning.loc[v, 'chosen_lr']:g} | {r.mean_ppl:.2f} ± {r.std:.2f} ({r.n_seeds}) | "
+                             f"{uni.loc[v, 'ppl_over_unigram']:.2f} ({uni.loc[v, 'worst_seed_over_unigram']:.2f}) | {vs} | "
+                             f"{cost.loc[v, 'time_per_token_ratio']:.2f} | {att.loc[v, 'effective_rank']:.1f} |"))
+        for r in paired.itertuples():
+            out.append((None, f"{r.paired_ppl_pct:+.1f}% [{r.paired_ppl_pct_low:+.1f}, {r.paired_ppl_pct_high:+.1f}]"))
+        runs = pd.read_csv(folder / "runs.csv")
+        ref = runs[runs["variant"] == "standard"].sort_values(["seed", "extend"])
+        cells = [" / ".join(f"{p:.2f}" for p in g["final_ppl"]) for _, g in ref.groupby("seed")]
+        out.append(("### The reference's curve (the ratio interpolates a real curve)",
+                    f"| {corpus} | " + " | ".join(cells) + " |"))
+        if corpus == "stdlib":  # the LRs were tuned on stdlib: its tuning losses at the chosen LR
+            t = tuning.apply(lambda r: r[f"lr {r['chosen_lr']:g}"], axis=1)
+            out.append(("## Results per corpus", f"standard {t['standard']:.3f}, coupled {t['coupled']:.3f}, "
+                                                 f"uncoupled {t['uncoupled_mlp']:.3f} nats"))
+    for study in MQAR:
+        preset = study.rsplit("-", 1)[1]
+        for folder in _folders(study, root):
+            acc = pd.read_csv(folder / "accuracy.csv").set_index("variant")
+            uni = pd.read_csv(folder / "unigram.csv").set_index("variant")
+            for r in pd.read_csv(folder / "final_ppl.csv").itertuples():
+                a = acc.loc[r.variant]
+                row = (f"| {preset} | {r.variant} | {_pct(a['mean'])}% ± {_pct(a['std'])} | "
+                       f"{r.mean_ppl:.2f} ± {r.std:.2f} |")
+                out.append(("## MQAR", row))
+                if preset in UNIGRAM_QUOTED:
+                    out.append(("## MQAR", f"{row} {uni.loc[r.variant, 'unigram_ppl']:.1f} |"))
+    return out
+
+
+def missing_quotes(text: str, root: Path) -> list[Quote]:
+    """The numbers ``quoted_numbers(root)`` asks for that ``text`` does not print where it should."""
+    return published.missing_quotes(text, quoted_numbers(root))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("study", [MAIN, *MQAR])
-def test_report_regenerates_from_the_published_store(tmp_path, study):
-    db = tmp_path / "mlflow.db"
-    with gzip.open(_store(study), "rb") as src, db.open("wb") as dst:
-        shutil.copyfileobj(src, dst)
-    build_report(study, f"sqlite:///{db}", tmp_path / "report", log_to_mlflow=False)
+def test_report_regenerates_from_the_published_store(regenerated, study):
+    """Every table present both in the published folder and in the regenerated report agrees
+    (a table the report gained since publication does not force regeneration)."""
+    root = regenerated(study)
     for folder in _folders(study):
         rel = folder.relative_to(RESULTS / study)
-        csvs = sorted(p.name for p in folder.glob("*.csv"))
+        csvs = {p.name for p in folder.glob("*.csv")}
         assert "final_ppl.csv" in csvs and "unigram.csv" in csvs
-        assert csvs == sorted(p.name for p in (tmp_path / "report" / rel).glob("*.csv"))
-        for name in csvs:
-            published = pd.read_csv(folder / name)
-            regenerated = pd.read_csv(tmp_path / "report" / rel / name)
-            pd.testing.assert_frame_equal(regenerated, published, check_exact=False, rtol=1e-9)
+        assert_shared_tables_equal(folder, root / study / rel, {"final_ppl.csv", "unigram.csv"}, f"{study}/{rel}")
 
 
-def test_results_md_quotes_every_final_unigram_and_ratio():
+@pytest.mark.slow
+def test_results_md_quotes_the_regenerated_reports(regenerated):
+    """Every final perplexity, unigram perplexity, tuned LR, token ratio and interval, paired
+    difference with its p and verdict, time ratio, effective rank, per-seed reference final and
+    MQAR accuracy that RESULTS.md prints is the regenerated reports' (a misquote fails here)."""
     assert TEXT, "RESULTS.md is missing"
-    for folder in _folders(MAIN):
-        fp = pd.read_csv(folder / "final_ppl.csv")
-        for r in fp.itertuples():
-            assert f"{r.mean_ppl:.2f} ± {r.std:.2f}" in TEXT, (folder.name, r.variant)
-        uni = pd.read_csv(folder / "unigram.csv")
-        assert f"{uni['unigram_ppl'].iloc[0]:.1f}" in TEXT, folder.name
-        tr = pd.read_csv(folder / "token_ratio.csv")
-        for r in tr.itertuples():
-            assert f"{r.token_ratio} {r.interval_95}" in TEXT, (folder.name, r.variant)
-        for r in pd.read_csv(folder / "tuning.csv").itertuples():
-            assert f"{r.chosen_lr:g}" in TEXT, (folder.name, r.variant)
+    for study in (MAIN, *MQAR):
+        root = regenerated(study)
+    assert missing_quotes(TEXT, root) == []
+
+
+def test_the_quote_check_fails_on_a_misquote(tmp_path):
+    """Negative control: the published tables (the report's layout) pass the check; one paired
+    difference moved by 0.1 point, or one MQAR accuracy typed wrong into the page, is reported."""
+    for study in (MAIN, *MQAR):
+        shutil.copytree(RESULTS / study, tmp_path / study, ignore=shutil.ignore_patterns("*.png", "*.html"))
+    assert missing_quotes(TEXT, tmp_path) == []
+    path = tmp_path / MAIN / "kerneldoc" / "paired.csv"
+    paired = pd.read_csv(path)
+    paired.loc[0, "paired_ppl_pct"] += 0.1
+    paired.to_csv(path, index=False)
+    r = paired.iloc[0]
+    quoted = f"{r.paired_ppl_pct:+.1f}% [{r.paired_ppl_pct_low:+.1f}, {r.paired_ppl_pct_high:+.1f}]"
+    missing = missing_quotes(TEXT, tmp_path)
+    assert (None, quoted) in missing
+    assert any(sec == "### kerneldoc: unigram perplexity 543.0" and f"| {r.variant} |" in s and quoted in s
+               for sec, s in missing), missing
+    shutil.copy(RESULTS / MAIN / "kerneldoc" / "paired.csv", path)
+    typo = missing_quotes(TEXT.replace("| easy | coupled | 13.9% ± 6.9 |", "| easy | coupled | 13.8% ± 6.9 |"), tmp_path)
+    assert typo == [("## MQAR", "| easy | coupled | 13.9% ± 6.9 | 71.56 ± 16.98 |")], typo
 
 
 def test_every_arm_ends_at_most_half_the_unigram_perplexity():
@@ -84,34 +190,3 @@ def test_reference_finals_fall_with_tokens_in_every_seed():
             assert list(g["extend"]) == [1.0, 1.5, 2.0, 3.0], (folder.name, seed)
             ppl = g["final_ppl"].to_numpy()
             assert (ppl[1:] < ppl[:-1]).all(), (folder.name, seed, ppl)
-
-
-def _pct(x: float) -> str:
-    """A fraction as RESULTS.md prints it: one decimal, two below 1%."""
-    return f"{100 * x:.1f}" if x >= 0.01 else f"{100 * x:.2f}"
-
-
-def test_results_md_quotes_mqar_accuracy_and_finals():
-    """Each MQAR row (preset, variant, accuracy ± std, final ppl ± std) as the report has it."""
-    for study in MQAR:
-        preset = study.rsplit("-", 1)[1]
-        for folder in _folders(study):
-            acc = pd.read_csv(folder / "accuracy.csv").set_index("variant")
-            for r in pd.read_csv(folder / "final_ppl.csv").itertuples():
-                a = acc.loc[r.variant]
-                row = (f"| {preset} | {r.variant} | {_pct(a['mean'])}% ± {_pct(a['std'])} | "
-                       f"{r.mean_ppl:.2f} ± {r.std:.2f} |")
-                assert row in TEXT, row
-
-
-def test_results_md_quotes_the_paired_differences_and_the_reference_finals_per_seed():
-    """The verdict lines and the per-seed reference table are typed into RESULTS.md: each
-    must be the report's value (a misquote fails here)."""
-    for folder in _folders(MAIN):
-        for r in pd.read_csv(folder / "paired.csv").itertuples():
-            quoted = f"{r.paired_ppl_pct:+.1f}% [{r.paired_ppl_pct_low:+.1f}, {r.paired_ppl_pct_high:+.1f}]"
-            assert quoted in TEXT, (folder.name, r.variant, quoted)
-        runs = pd.read_csv(folder / "runs.csv")
-        ref = runs[runs["variant"] == "standard"].sort_values(["seed", "extend"])
-        cells = [" / ".join(f"{p:.2f}" for p in g["final_ppl"]) for _, g in ref.groupby("seed")]
-        assert f"| {folder.name} | " + " | ".join(cells) + " |" in TEXT, (folder.name, cells)

@@ -16,18 +16,17 @@ import pytest
 
 from orchestrator.report import query
 from orchestrator.report.query import query_study
-
-from .conftest import MAIN
+from tests.fixtures.synthetic import MAIN
 
 
 @pytest.fixture(scope="module")
-def server(store):
+def server(synthetic_store):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     proc = subprocess.Popen(
-        [str(mlflow_cli), "server", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        [str(mlflow_cli), "server", "--backend-store-uri", synthetic_store, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group, so teardown ends the server's workers too
@@ -52,8 +51,8 @@ def server(store):
 
 
 @pytest.mark.slow
-def test_http_bulk_history_matches_sql_including_split_batches(server, store, monkeypatch):
-    sql = query_study(MAIN.study, store)
+def test_http_bulk_history_matches_sql_including_split_batches(server, synthetic_store, monkeypatch):
+    sql = query_study(MAIN.study, synthetic_store)
     http = query_study(MAIN.study, server)
     cols = ["run_uuid", "variant", "scale", "seed", "extend", "status", "n_params", "planned_tokens"]
     pd.testing.assert_frame_equal(http.runs[cols], sql.runs[cols])

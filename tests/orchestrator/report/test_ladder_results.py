@@ -1,12 +1,12 @@
 """The published ladder study (jobs/cpu-ladder.yaml, results/cpu-ladder*): three custom scales
 with a tokens-per-parameter budget and an LR tuned per arm. Its report regenerates from its
-store table for table; in the data, every seed's final perplexity falls with N in both arms,
+store (every table the published folder and the regenerated report share agrees), and every
+number RESULTS.md's ladder section quotes is the regenerated report's; in the data, every seed's final perplexity falls with N in both arms,
 each main run trained at its (variant, scale)'s tuned LR (the ``lr`` param, and the logged
 ``lr`` peaks there), and the report refuses the 3-parameter scaling fit on 3 scales instead of forcing it."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 from pathlib import Path
@@ -16,6 +16,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.report import build_report
+from tests import published
+from tests.published import Quote, assert_shared_tables_equal, unzip_store
 
 RESULTS = Path(__file__).resolve().parents[3] / "results"
 STUDY = "cpu-ladder"
@@ -27,20 +29,58 @@ pytestmark = pytest.mark.skipif(not STORE.exists(), reason="no published cpu-lad
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
-    db = tmp_path_factory.mktemp("ladder") / "mlflow.db"
-    with gzip.open(STORE, "rb") as src, db.open("wb") as dst:
-        shutil.copyfileobj(src, dst)
-    return f"sqlite:///{db}"
+    return unzip_store(STORE, tmp_path_factory.mktemp("ladder"))
 
 
-def test_report_regenerates_from_the_published_store(store, tmp_path):
-    build_report(STUDY, store, tmp_path / "report", log_to_mlflow=False)
-    csvs = sorted(p.name for p in (RESULTS / STUDY).glob("*.csv"))
-    assert {"final_ppl.csv", "tuning.csv", "runs.csv"} <= set(csvs)
-    assert csvs == sorted(p.name for p in (tmp_path / "report").glob("*.csv"))
-    for name in csvs:
-        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "report" / name), pd.read_csv(RESULTS / STUDY / name),
-                                      check_exact=False, rtol=1e-9)
+@pytest.fixture(scope="module")
+def regenerated(store, tmp_path_factory) -> Path:
+    """The report built once from the published store."""
+    out = tmp_path_factory.mktemp("ladder-report") / "report"
+    build_report(STUDY, store, out, log_to_mlflow=False)
+    return out
+
+
+SECTION = "## A scale ladder"
+EDGE = {"highest": " (grid's top)", "lowest": " (grid's bottom)"}
+
+
+def quoted_numbers(report: Path) -> list[Quote]:
+    """What RESULTS.md must quote about the ladder, formatted from the report's tables under
+    ``report`` as the page prints them: (section heading or None for anywhere, the exact text)."""
+    out: list[Quote] = []
+    fp = pd.read_csv(report / "final_ppl.csv")
+    for r in fp.itertuples():
+        out.append((None, f"{r.mean_ppl:.2f} ± {r.std:.2f}"))
+        out.append((None, f"{int(r.tokens):,}"))
+    by = fp.set_index(["scale", "variant"])
+    tuning = pd.read_csv(report / "tuning.csv").fillna({"edge": ""}).set_index(["variant", "scale"])
+    for rung in RUNGS:
+        s, d = by.loc[(rung, "standard")], by.loc[(rung, "differential")]
+        ts, td = tuning.loc[("standard", rung)], tuning.loc[("differential", rung)]
+        edge = EDGE.get(ts["edge"], "") if ts["edge"] == td["edge"] else "?"
+        out.append((SECTION, f"| {rung} | {int(s.n_params):,} | {int(s.tokens):,} | {s.mean_ppl:.2f} ± {s['std']:.2f} | "
+                             f"{d.mean_ppl:.2f} ± {d['std']:.2f} | {ts.chosen_lr:g} / {td.chosen_lr:g}{edge} |"))
+    paired = pd.read_csv(report / "paired.csv").set_index("scale").loc[RUNGS]
+    out.append((SECTION, "(" + ", ".join(f"{p:+.0f}%" for p in paired["paired_ppl_pct"]) + ", seed-paired)"))
+    uni = pd.read_csv(report / "unigram.csv")
+    out.append((SECTION, f"(unigram perplexity {uni['unigram_ppl'].iloc[0]:.1f})"))
+    for r in uni[uni["ppl_over_unigram"] > 1].itertuples():
+        out.append((SECTION, f"At {r.scale} it is above the unigram baseline ({r.ppl_over_unigram:.2f}x)"))
+    return out
+
+
+def missing_quotes(text: str, report: Path) -> list[Quote]:
+    """The numbers ``quoted_numbers(report)`` asks for that ``text`` does not print where it should."""
+    return published.missing_quotes(text, quoted_numbers(report))
+
+
+@pytest.mark.slow
+def test_report_regenerates_from_the_published_store(regenerated):
+    """Every table present both in the published folder and in the regenerated report agrees
+    (a table the report gained since publication does not force regeneration)."""
+    csvs = {p.name for p in (RESULTS / STUDY).glob("*.csv")}
+    assert {"final_ppl.csv", "tuning.csv", "runs.csv"} <= csvs
+    assert_shared_tables_equal(RESULTS / STUDY, regenerated, {"final_ppl.csv", "tuning.csv", "runs.csv"}, STUDY)
 
 
 def test_every_seeds_final_perplexity_falls_with_n():
@@ -53,6 +93,7 @@ def test_every_seeds_final_perplexity_falls_with_n():
         assert ppl[0] > ppl[1] > ppl[2], (variant, seed, ppl)
 
 
+@pytest.mark.slow
 def test_each_main_run_trained_at_its_tuned_lr(store):
     chosen = {(r.variant, r.scale): r.chosen_lr for r in pd.read_csv(RESULTS / STUDY / "tuning.csv").itertuples()}
     assert len(chosen) == 6
@@ -69,11 +110,32 @@ def test_each_main_run_trained_at_its_tuned_lr(store):
         assert 0.98 * want <= peak <= want * (1 + 1e-9), (r.info.run_name, peak, want)
 
 
-def test_results_md_quotes_the_ladders_finals():
+@pytest.mark.slow
+def test_results_md_quotes_the_regenerated_ladder(regenerated):
+    """The ladder's rows (N, tokens, both arms' finals, tuned LRs and their grid edges), the
+    paired differences, the unigram perplexity and the arm above it are the regenerated report's."""
     text = (RESULTS.parent / "RESULTS.md").read_text()
-    for r in pd.read_csv(RESULTS / STUDY / "final_ppl.csv").itertuples():
-        assert f"{r.mean_ppl:.2f} ± {r.std:.2f}" in text, (r.scale, r.variant)
-        assert f"{int(r.tokens):,}" in text
+    assert missing_quotes(text, regenerated) == []
+
+
+def test_the_quote_check_fails_on_a_misquote(tmp_path):
+    """Negative control: the published tables (the report's layout) pass the check; one final
+    perplexity moved by 0.01, or one tuned LR typed wrong into the page, is reported missing."""
+    text = (RESULTS.parent / "RESULTS.md").read_text()
+    shutil.copytree(RESULTS / STUDY, tmp_path / STUDY, ignore=shutil.ignore_patterns("*.png", "*.html"))
+    report = tmp_path / STUDY
+    assert missing_quotes(text, report) == []
+    fp = pd.read_csv(report / "final_ppl.csv")
+    i = fp.index[(fp["scale"] == "n800k") & (fp["variant"] == "differential")][0]
+    fp.loc[i, "mean_ppl"] += 0.01
+    fp.to_csv(report / "final_ppl.csv", index=False)
+    moved = f"{fp.loc[i, 'mean_ppl']:.2f} ± {fp.loc[i, 'std']:.2f}"
+    missing = missing_quotes(text, report)
+    assert (None, moved) in missing
+    assert any(sec == SECTION and s.startswith("| n800k |") and moved in s for sec, s in missing), missing
+    shutil.copy(RESULTS / STUDY / "final_ppl.csv", report / "final_ppl.csv")
+    typo = missing_quotes(text.replace("| 0.003 / 0.003 |", "| 0.003 / 0.001 |"), report)
+    assert len(typo) == 1 and typo[0][1].startswith("| n800k |"), typo
 
 
 def test_the_scaling_fit_is_refused_on_three_scales():

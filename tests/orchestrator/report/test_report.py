@@ -10,8 +10,7 @@ import pytest
 
 from orchestrator.report import ReportError, build_report, export_study, load_study
 from orchestrator.report.query import _query_client, _read_tables_sqlalchemy, query_study
-
-from .conftest import ALL_FAILED, MAIN, NO_EXTEND, ONE_SEED
+from tests.fixtures.synthetic import ALL_FAILED, MAIN, NO_EXTEND, ONE_SEED
 
 
 def _scale(summary, name):
@@ -87,75 +86,75 @@ def test_outputs_written_and_summary_matches_file(main_report):
     assert std[("m", "uncoupled_mlp")] > std[("m", "coupled")]
 
 
-def test_report_is_logged_to_mlflow_and_excluded_from_training_runs(main_report, store):
+def test_report_is_logged_to_mlflow_and_excluded_from_training_runs(main_report, synthetic_store):
     summary, _ = main_report
-    client = mlflow.MlflowClient(store)
+    client = mlflow.MlflowClient(synthetic_store)
     run = client.get_run(summary["mlflow_report_run"])
     assert run.data.tags["qkstudy.kind"] == "report"
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"report.html", "report.md", "summary.json"}
-    data = query_study(MAIN.study, store, with_metrics=False)
+    data = query_study(MAIN.study, synthetic_store, with_metrics=False)
     assert summary["mlflow_report_run"] not in set(data.runs["run_uuid"])
     assert len(data.runs) == len(MAIN.planned()) - len(MAIN.skip)
 
 
-def test_one_seed_has_no_interval_and_says_so(store, tmp_path):
-    summary = build_report(ONE_SEED.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=50)
+def test_one_seed_has_no_interval_and_says_so(synthetic_store, tmp_path):
+    summary = build_report(ONE_SEED.study, synthetic_store, tmp_path / "r", log_to_mlflow=False, n_boot=50)
     s = summary["scales"][0]
     assert s["token_ratio"] == pytest.approx(2.4, rel=0.03)
     assert s["token_ratio_ci"] is None
     assert "one seed" in s["token_ratio_reason"]
 
 
-def test_no_extend_runs_gives_null_ratio_with_reason(store, tmp_path):
-    summary = build_report(NO_EXTEND.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=50)
+def test_no_extend_runs_gives_null_ratio_with_reason(synthetic_store, tmp_path):
+    summary = build_report(NO_EXTEND.study, synthetic_store, tmp_path / "r", log_to_mlflow=False, n_boot=50)
     s = summary["scales"][0]
     assert s["token_ratio"] is None and not s["censored"]
     assert "extend" in s["token_ratio_reason"]
     assert "extend" in (tmp_path / "r" / "report.md").read_text()
 
 
-def test_existing_report_folder_is_replaced_whole(store, tmp_path):
+def test_existing_report_folder_is_replaced_whole(synthetic_store, tmp_path):
     out = tmp_path / "r"
-    build_report(ONE_SEED.study, store, out, log_to_mlflow=False, n_boot=10)
+    build_report(ONE_SEED.study, synthetic_store, out, log_to_mlflow=False, n_boot=10)
     (out / "stale.txt").write_text("old")
-    build_report(ONE_SEED.study, store, out, log_to_mlflow=False, n_boot=10)
+    build_report(ONE_SEED.study, synthetic_store, out, log_to_mlflow=False, n_boot=10)
     assert not (out / "stale.txt").exists() and (out / "report.html").exists()
 
 
-def test_unknown_study_or_store_raises_report_error(store, tmp_path):
+def test_unknown_study_or_store_raises_report_error(synthetic_store, tmp_path):
     with pytest.raises(ReportError, match="no-such-study"):
-        load_study("no-such-study", store)
+        load_study("no-such-study", synthetic_store)
     with pytest.raises(ReportError, match="does not exist"):
         build_report("ratio", f"sqlite:///{tmp_path}/absent.db", tmp_path / "r")
     with pytest.raises(ReportError, match="reference variant"):
-        build_report(ONE_SEED.study, store, tmp_path / "r", reference="nope", log_to_mlflow=False)
+        build_report(ONE_SEED.study, synthetic_store, tmp_path / "r", reference="nope", log_to_mlflow=False)
     assert not (tmp_path / "r").exists()
 
 
-def test_tidy_table_and_parquet_export(store, tmp_path):
-    df = load_study(ONE_SEED.study, store)
+def test_tidy_table_and_parquet_export(synthetic_store, tmp_path):
+    df = load_study(ONE_SEED.study, synthetic_store)
     n_runs = len(ONE_SEED.planned())
     assert df["run_uuid"].nunique() == n_runs
     ppl = df[(df["key"] == "val/ppl") & (df["variant"] == "coupled")]
     assert len(ppl) == ONE_SEED.n_eval and ppl["step"].is_monotonic_increasing
     assert ppl["step"].iloc[-1] == ppl["planned_tokens"].iloc[0]  # step = tokens seen
-    out = export_study(ONE_SEED.study, store, tmp_path / "x" / "study.parquet")
+    out = export_study(ONE_SEED.study, synthetic_store, tmp_path / "x" / "study.parquet")
     back = pd.read_parquet(out)
     assert len(back) == len(df) and {"variant", "scale", "seed", "extend", "key", "step", "value"} <= set(back.columns)
 
 
-def test_sql_bulk_path_matches_client_api_path(store):
-    sql = query_study(ONE_SEED.study, store)
-    api = _query_client(ONE_SEED.study, store, True)
-    alchemy = _read_tables_sqlalchemy(store, ONE_SEED.study, ["metrics"])[1]["metrics"]
+def test_sql_bulk_path_matches_client_api_path(synthetic_store):
+    sql = query_study(ONE_SEED.study, synthetic_store)
+    api = _query_client(ONE_SEED.study, synthetic_store, True)
+    alchemy = _read_tables_sqlalchemy(synthetic_store, ONE_SEED.study, ["metrics"])[1]["metrics"]
     assert len(alchemy) == len(sql.metrics)  # the non-SQLite SQL path (postgres) reads the same rows
     cols = ["run_uuid", "variant", "scale", "seed", "extend", "status", "n_params", "planned_tokens"]
     pd.testing.assert_frame_equal(sql.runs[cols].reset_index(drop=True), api.runs[cols].reset_index(drop=True))
     pd.testing.assert_frame_equal(sql.metrics.reset_index(drop=True), api.metrics.reset_index(drop=True))
 
 
-def test_study_where_every_run_failed_still_reports_them(store, tmp_path):
-    summary = build_report(ALL_FAILED.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
+def test_study_where_every_run_failed_still_reports_them(synthetic_store, tmp_path):
+    summary = build_report(ALL_FAILED.study, synthetic_store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
     assert sorted(r["run_name"] for r in summary["runs"]["failed"]) == ["coupled-xs-s0-x1", "standard-xs-s0-x1", "standard-xs-s0-x2"]
     s = summary["scales"][0]
     assert s["token_ratio"] is None and s["final_ppl"] == {}
@@ -163,27 +162,27 @@ def test_study_where_every_run_failed_still_reports_them(store, tmp_path):
     assert "standard-xs-s0-x2" in (tmp_path / "r" / "report.html").read_text()
 
 
-def test_paper_numbers_printed_beside_matching_scales(store, tmp_path):
+def test_paper_numbers_printed_beside_matching_scales(synthetic_store, tmp_path):
     from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
 
     spec = SyntheticStudy(study="paper-scales", scales={"cpu-xs": 6e5, "60m": 2.5e7}, seeds=(0, 1), extend=(3.0,), n_eval=5)
-    write_synthetic_study(spec, store)
-    build_report(spec.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
+    write_synthetic_study(spec, synthetic_store)
+    build_report(spec.study, synthetic_store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
     final_section = (tmp_path / "r" / "report.md").read_text().split("## Paper reference numbers")[0]
     rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip(): line for line in final_section.splitlines() if line.startswith("| ") and "±" in line}
     assert "24.22" in rows["60m/standard"] and "22.55-22.62" in rows["60m/coupled"]
     assert "nan" not in rows["cpu-xs/coupled"] and "—" in rows["cpu-xs/coupled"]
 
 
-def test_two_corpora_are_reported_separately(store, tmp_path):
+def test_two_corpora_are_reported_separately(synthetic_store, tmp_path):
     """Scales are never pooled across corpora: each corpus gets its own ratio."""
     from orchestrator.report import build_report
     from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
 
     common = dict(study="two-corpora", scales={"xs": 2e6}, seeds=(0, 1, 2), extend=(1.5, 2.0, 3.0), n_eval=8)
-    write_synthetic_study(SyntheticStudy(corpus="code", variants={"standard": 1.0, "coupled": 2.4}, **common), store)
-    write_synthetic_study(SyntheticStudy(corpus="web", variants={"standard": 1.0, "coupled": 1.5}, **common), store)
-    summary = build_report("two-corpora", store, tmp_path / "out", log_to_mlflow=False)
+    write_synthetic_study(SyntheticStudy(corpus="code", variants={"standard": 1.0, "coupled": 2.4}, **common), synthetic_store)
+    write_synthetic_study(SyntheticStudy(corpus="web", variants={"standard": 1.0, "coupled": 1.5}, **common), synthetic_store)
+    summary = build_report("two-corpora", synthetic_store, tmp_path / "out", log_to_mlflow=False)
     assert summary["corpora"] == ["code", "web"]
     ratios = {s["corpus"]: s["token_ratio"] for s in summary["scales"]}
     assert ratios["code"] == pytest.approx(2.4, rel=0.03) and ratios["web"] == pytest.approx(1.5, rel=0.03)
@@ -191,7 +190,7 @@ def test_two_corpora_are_reported_separately(store, tmp_path):
         assert (tmp_path / "out" / c / "report.md").exists()
     index = (tmp_path / "out" / "report.md").read_text()
     assert "[code](code/report.md)" in index and "| web | xs |" in index
-    one = build_report("two-corpora", store, tmp_path / "web", corpus="web", log_to_mlflow=False)
+    one = build_report("two-corpora", synthetic_store, tmp_path / "web", corpus="web", log_to_mlflow=False)
     assert [s["corpus"] for s in one["scales"]] == ["web"]
 
 

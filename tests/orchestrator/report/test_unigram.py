@@ -10,23 +10,22 @@ import pytest
 from orchestrator.report import build_report
 from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
 from orchestrator.track.tracking import set_unigram_tags
-
-from .conftest import ONE_SEED
+from tests.fixtures.synthetic import ONE_SEED
 
 UNIGRAM = {"code": 812.5, "web": 1.25}  # web: below every final, so every arm is above half of it
 
 
 @pytest.fixture(scope="module")
-def two_corpora(store, tmp_path_factory):
+def two_corpora(synthetic_store, tmp_path_factory):
     common = dict(study="unigram-two-corpora", scales={"xs": 2e6, "s": 8e6}, seeds=(0, 1), extend=(2.0,), n_eval=6)
-    write_synthetic_study(SyntheticStudy(corpus="code", **common), store)
-    write_synthetic_study(SyntheticStudy(corpus="web", **common), store)
-    client = mlflow.MlflowClient(store)
+    write_synthetic_study(SyntheticStudy(corpus="code", **common), synthetic_store)
+    write_synthetic_study(SyntheticStudy(corpus="web", **common), synthetic_store)
+    client = mlflow.MlflowClient(synthetic_store)
     eid = client.get_experiment_by_name("unigram-two-corpora").experiment_id
     set_unigram_tags(client, eid, "code", UNIGRAM["code"], 123_456)
     set_unigram_tags(client, eid, "web", UNIGRAM["web"], 789)
     out = tmp_path_factory.mktemp("unigram") / "r"
-    return build_report("unigram-two-corpora", store, out, log_to_mlflow=False, n_boot=20), out
+    return build_report("unigram-two-corpora", synthetic_store, out, log_to_mlflow=False, n_boot=20), out
 
 
 def test_ratio_is_each_arms_final_over_the_corpus_unigram(two_corpora):
@@ -68,8 +67,8 @@ def test_report_prints_it_beside_the_finals(two_corpora):
     assert all(f"| {c} | xs |" in index and f"| {UNIGRAM[c]:.2f} |" in index for c in UNIGRAM)
 
 
-def test_store_without_the_tag_says_not_recorded_and_keeps_its_tables(store, tmp_path):
-    summary = build_report(ONE_SEED.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
+def test_store_without_the_tag_says_not_recorded_and_keeps_its_tables(synthetic_store, tmp_path):
+    summary = build_report(ONE_SEED.study, synthetic_store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
     assert summary["unigram"] == {"recorded": False, "corpus": "synthetic", "note": "unigram perplexity not recorded"}
     assert summary["scales"][0]["unigram_ppl"] is None and summary["scales"][0]["ppl_over_unigram"] == {}
     assert "unigram.csv" not in summary["tables"] and not (tmp_path / "r" / "unigram.csv").exists()

@@ -11,8 +11,7 @@ import pytest
 
 from orchestrator.report import ReportError, build_report, export_study
 from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
-
-from .conftest import FIVE_SCALES, MAIN, ONE_SEED
+from tests.fixtures.synthetic import FIVE_SCALES, MAIN, ONE_SEED
 
 # One variant only, and its single run failed half-way: no finished run anywhere.
 ONLY_FAILED = SyntheticStudy(
@@ -24,13 +23,13 @@ SINGLE_VARIANT = SyntheticStudy(study="single-variant", variants={"standard": 1.
 
 
 @pytest.fixture(scope="module")
-def extra_store(store):
+def extra_store(synthetic_store):
     """The session store plus the studies above and an experiment with no runs at all."""
     from mlflow import MlflowClient
 
     for spec in (ONLY_FAILED, SINGLE_VARIANT):
-        write_synthetic_study(spec, store)
-    client = MlflowClient(store)
+        write_synthetic_study(spec, synthetic_store)
+    client = MlflowClient(synthetic_store)
     client.create_experiment("no-runs")
     # A run that failed at start-up: tags only, no params, not one metric.
     eid = client.create_experiment("failed-at-start")
@@ -38,7 +37,7 @@ def extra_store(store):
             "status": "failed", "failure_reason": "CUDA out of memory", "qkstudy.kind": "train"}
     rid = client.create_run(eid, run_name="standard-xs-s0-x1", tags=tags).info.run_id
     client.set_terminated(rid, status="FAILED")
-    return store
+    return synthetic_store
 
 
 def _mode(p):
@@ -48,54 +47,54 @@ def _mode(p):
 # --- 1. never destroy what is not a previous report ------------------------------------------
 
 
-def test_out_dir_that_is_a_file_is_refused_untouched(store, tmp_path):
+def test_out_dir_that_is_a_file_is_refused_untouched(synthetic_store, tmp_path):
     f = tmp_path / "notes.txt"
     f.write_text("precious")
     with pytest.raises(ReportError, match=re.escape(str(f))):
-        build_report(ONE_SEED.study, store, f, log_to_mlflow=False, n_boot=10)
+        build_report(ONE_SEED.study, synthetic_store, f, log_to_mlflow=False, n_boot=10)
     assert f.read_text() == "precious"
 
 
-def test_foreign_non_empty_folder_is_refused_untouched(store, tmp_path):
+def test_foreign_non_empty_folder_is_refused_untouched(synthetic_store, tmp_path):
     d = tmp_path / "home"
     d.mkdir()
     (d / "thesis.tex").write_text("precious")
     with pytest.raises(ReportError, match=re.escape(str(d))):
-        build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)
+        build_report(ONE_SEED.study, synthetic_store, d, log_to_mlflow=False, n_boot=10)
     assert (d / "thesis.tex").read_text() == "precious"
     assert [p.name for p in tmp_path.iterdir()] == ["home"]  # no temp folder left behind
 
 
-def test_foreign_summary_json_is_not_taken_for_a_report(store, tmp_path):
+def test_foreign_summary_json_is_not_taken_for_a_report(synthetic_store, tmp_path):
     d = tmp_path / "other"
     d.mkdir()
     (d / "summary.json").write_text(json.dumps({"generator": "something-else"}))
     with pytest.raises(ReportError, match="not a qkstudy report"):
-        build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)
+        build_report(ONE_SEED.study, synthetic_store, d, log_to_mlflow=False, n_boot=10)
     assert (d / "summary.json").exists()
 
 
-def test_previous_report_and_empty_folder_are_replaced(store, tmp_path):
+def test_previous_report_and_empty_folder_are_replaced(synthetic_store, tmp_path):
     d = tmp_path / "r"
     d.mkdir()  # empty: fine
-    build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)
+    build_report(ONE_SEED.study, synthetic_store, d, log_to_mlflow=False, n_boot=10)
     assert json.loads((d / "summary.json").read_text())["generator"] == "qkstudy"
-    build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)  # a report: fine
+    build_report(ONE_SEED.study, synthetic_store, d, log_to_mlflow=False, n_boot=10)  # a report: fine
     assert (d / "report.md").exists()
 
 
-def test_per_corpus_index_refuses_foreign_folder(store, tmp_path):
+def test_per_corpus_index_refuses_foreign_folder(synthetic_store, tmp_path):
     d = tmp_path / "corpora"
     d.mkdir()
     (d / "keep.txt").write_text("precious")
     with pytest.raises(ReportError, match=re.escape(str(d))):
-        build_report("two-corpora", store, d, log_to_mlflow=False, n_boot=10)
+        build_report("two-corpora", synthetic_store, d, log_to_mlflow=False, n_boot=10)
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
 
 
-def test_report_files_are_world_readable(store, tmp_path):
+def test_report_files_are_world_readable(synthetic_store, tmp_path):
     d = tmp_path / "r"
-    build_report(ONE_SEED.study, store, d, log_to_mlflow=False, n_boot=10)
+    build_report(ONE_SEED.study, synthetic_store, d, log_to_mlflow=False, n_boot=10)
     assert _mode(d) == 0o755
     assert {_mode(p) for p in d.iterdir()} == {0o644}
 
@@ -103,23 +102,23 @@ def test_report_files_are_world_readable(store, tmp_path):
 # --- 2. export_study -------------------------------------------------------------------------
 
 
-def test_export_refuses_wrong_suffix(store, tmp_path):
+def test_export_refuses_wrong_suffix(synthetic_store, tmp_path):
     with pytest.raises(ReportError, match=r"\.parquet"):
-        export_study(ONE_SEED.study, store, tmp_path / "study.csv")
+        export_study(ONE_SEED.study, synthetic_store, tmp_path / "study.csv")
     assert not (tmp_path / "study.csv").exists()
 
 
-def test_export_write_errors_become_report_error(store, tmp_path):
+def test_export_write_errors_become_report_error(synthetic_store, tmp_path):
     with pytest.raises(ReportError, match="/proc/x.parquet"):
-        export_study(ONE_SEED.study, store, "/proc/x.parquet")
+        export_study(ONE_SEED.study, synthetic_store, "/proc/x.parquet")
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(ReportError, match=re.escape(str(blocker / "sub"))):
-        export_study(ONE_SEED.study, store, blocker / "sub" / "s.parquet")
+        export_study(ONE_SEED.study, synthetic_store, blocker / "sub" / "s.parquet")
 
 
-def test_export_file_is_world_readable(store, tmp_path):
-    out = export_study(ONE_SEED.study, store, tmp_path / "s.parquet")
+def test_export_file_is_world_readable(synthetic_store, tmp_path):
+    out = export_study(ONE_SEED.study, synthetic_store, tmp_path / "s.parquet")
     assert _mode(out) == 0o644
 
 
@@ -149,9 +148,9 @@ def test_experiment_without_runs_raises_report_error(extra_store, tmp_path):
 # --- 4. unknown target ------------------------------------------------------------------------
 
 
-def test_unknown_target_lists_variants(store, tmp_path):
+def test_unknown_target_lists_variants(synthetic_store, tmp_path):
     with pytest.raises(ReportError, match=r"target variant 'nosuch'.*coupled"):
-        build_report(ONE_SEED.study, store, tmp_path / "r", target="nosuch", log_to_mlflow=False)
+        build_report(ONE_SEED.study, synthetic_store, tmp_path / "r", target="nosuch", log_to_mlflow=False)
 
 
 # --- 5. report text ---------------------------------------------------------------------------
@@ -182,8 +181,8 @@ def test_single_variant_text_says_no_ratio(extra_store, tmp_path):
     assert summary["target"] is None
 
 
-def test_scaling_text_without_fit_does_not_contradict_itself(store, tmp_path):
-    build_report(ONE_SEED.study, store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
+def test_scaling_text_without_fit_does_not_contradict_itself(synthetic_store, tmp_path):
+    build_report(ONE_SEED.study, synthetic_store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
     md = (tmp_path / "r" / "report.md").read_text()
     assert "falls below 1% at N" not in md and "not below 1% up to" not in md
     assert "a fit needs at least 4 distinct scales" in md
@@ -225,13 +224,13 @@ def _overlaps(fig) -> list[str]:
     return out
 
 
-def test_scaling_title_mentions_fits_only_when_drawn(store, tmp_path, monkeypatch):
+def test_scaling_title_mentions_fits_only_when_drawn(synthetic_store, tmp_path, monkeypatch):
     seen = _drawn_figures(monkeypatch)
-    build_report(ONE_SEED.study, store, tmp_path / "one", log_to_mlflow=False, n_boot=10)  # 1 scale: no fit
+    build_report(ONE_SEED.study, synthetic_store, tmp_path / "one", log_to_mlflow=False, n_boot=10)  # 1 scale: no fit
     assert seen["scaling.png"]["titles"] and not any("fit" in t for t in seen["scaling.png"]["titles"])
-    build_report(MAIN.study, store, tmp_path / "main", log_to_mlflow=False, n_boot=20)  # 3 scales: fits refused
+    build_report(MAIN.study, synthetic_store, tmp_path / "main", log_to_mlflow=False, n_boot=20)  # 3 scales: fits refused
     assert not any("fit" in t for t in seen["scaling.png"]["titles"])
-    build_report(FIVE_SCALES.study, store, tmp_path / "five", log_to_mlflow=False, n_boot=20)  # 5 scales: fits drawn
+    build_report(FIVE_SCALES.study, synthetic_store, tmp_path / "five", log_to_mlflow=False, n_boot=20)  # 5 scales: fits drawn
     assert any("fit" in t for t in seen["scaling.png"]["titles"])
     # 6. No figure has overlapping labels (log-axis minor tick labels, y label vs tick labels).
     assert {k: v["overlaps"] for k, v in seen.items() if v["overlaps"]} == {}

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.run.optim import lr_multiplier
-from tests.orchestrator.run.test_faults import BASE, QKSTUDY, TPS, _env, _finish, _plan, _reap, _runs, _start, _write
+from orchestrator.run.worker.optim import lr_multiplier
+from tests.helpers import QKSTUDY, TINY_SPEC, TPS, driver_env, finish_driver, plan_json, reap_driver, start_driver, study_runs, write_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
 SPEC = {"variants": ["standard", "coupled"], "extend": [1.5, 2], "protocol": "branches",
-        "train": {**BASE["train"], "schedule": "wsd"}, "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2}}
+        "train": {**TINY_SPEC["train"], "schedule": "wsd"}, "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2}}
 
 
 def _hist(c, mlflow_id: str, key: str) -> dict[int, float]:
@@ -32,15 +32,15 @@ def _hist(c, mlflow_id: str, key: str) -> dict[int, float]:
 
 
 def test_branched_study_trains_trunk_and_cooldowns_resumes_and_keeps_nothing(tmp_path):
-    spec = _write(tmp_path, "branched", **SPEC)
-    p = _start(spec, _env(QKSTUDY_TEST_KILL_AT_STEP="18"))
+    spec = write_spec(tmp_path, "branched", **SPEC)
+    p = start_driver(spec, driver_env(QKSTUDY_TEST_KILL_AT_STEP="18"))
     try:
-        err = _finish(p)
+        err = finish_driver(p)
     finally:
-        _reap(p)
+        reap_driver(p)
     assert p.returncode == 0, err[-3000:]
-    plan = {r["run_id"]: r for r in _plan(spec)}
-    c, runs = _runs(tmp_path, "branched")
+    plan = {r["run_id"]: r for r in plan_json(spec)}
+    c, runs = study_runs(tmp_path, "branched")
     assert sorted(runs) == sorted(plan)
     by_extend = {float(r.data.tags["extend"]): r for r in runs.values() if r.data.tags["variant"] == "standard"}
     trunk = by_extend[2.0]
@@ -69,15 +69,15 @@ def test_branched_study_trains_trunk_and_cooldowns_resumes_and_keeps_nothing(tmp
     points = Path(tmp_path / "runs" / "branched" / "ray" / "branch_points")
     assert not points.exists() or not any(points.iterdir()), list(points.rglob("*"))[:5]
     rep = subprocess.run([str(QKSTUDY), "report", spec.name, "--out", str(tmp_path / "report"), "--json"],
-                         cwd=spec.parent, env=_env(), capture_output=True, text=True, timeout=300)
+                         cwd=spec.parent, env=driver_env(), capture_output=True, text=True, timeout=300)
     assert rep.returncode == 0, rep.stderr[-2000:]
     ratio = json.loads(rep.stdout)[0]["ratios"]["coupled"]
     assert ratio["ref_extends"] == [1.0, 1.5, 2.0], ratio  # the branches stand for the extend runs
-    again = _start(spec, _env())
+    again = start_driver(spec, driver_env())
     try:
-        err2 = _finish(again, 300)
+        err2 = finish_driver(again, 300)
     finally:
-        _reap(again)
+        reap_driver(again)
     assert again.returncode == 0 and "4 run(s) already finished in MLflow: skipped (Ray not started)" in err2, err2[-2000:]
     print(f"\n[branches] trunk 40 steps (killed at 18, restarts 1), branches x1 from 16, x1.5 from 24; "
           f"x1 final/val_loss {x1.data.metrics['final/val_loss']:.4f}, trunk {trunk.data.metrics['final/val_loss']:.4f}; "

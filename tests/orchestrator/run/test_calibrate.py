@@ -4,12 +4,12 @@ one, and feeds wallclock budgets."""
 import json
 
 import pytest
-import ray
 
-from orchestrator.plan.planner import PlanError, plan
+from orchestrator.plan.contract import PlanError
+from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.plan.throughput import load_calibration, save_calibration, throughput_table
-from orchestrator.run.calibrate import Calibration, CalibrationError, calibrate, judge, relative_spread
+from orchestrator.run.driver.calibrate import Calibration, CalibrationError, calibrate, judge, relative_spread
 
 
 def _cal(samples, load_avg=0.5, cpus=4):
@@ -53,17 +53,13 @@ def test_a_loaded_machine_refuses_even_with_a_small_spread():
 
 
 @pytest.mark.slow
-def test_calibrate_then_plan_wallclock(tmp_path):
+def test_calibrate_then_plan_wallclock(tmp_path, local_ray):
     study = parse_spec({"name": "cal", "scales": ["cpu-xs"], "variants": ["standard", "coupled"],
                         "budget": {"mode": "wallclock", "tokens": 204800}, "workdir": str(tmp_path),
                         "resources": {"workers": 2}, "tokenizer": {"vocab_size": 512}})
     with pytest.raises(PlanError, match="qkstudy calibrate"):
         plan(study)
-    ray.init(address="local", num_cpus=2, log_to_driver=False, configure_logging=False)
-    try:
-        cal = calibrate(study, repeats=3, steps=1)
-    finally:
-        ray.shutdown()
+    cal = calibrate(study, repeats=3, steps=1)
     table = cal.table
     assert set(table) == {"cpu-xs"} and set(table["cpu-xs"]) == {"standard", "coupled"}
     assert all(1e2 < v < 1e8 for v in table["cpu-xs"].values())

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
 deepspeed = pytest.importorskip("deepspeed")
 
-from orchestrator.run.checkpoint import UnsafeCheckpointError, load_engine_checkpoint  # noqa: E402
-from orchestrator.run.optim import batch_geometry, deepspeed_config  # noqa: E402
+from orchestrator.run.worker.checkpoint import UnsafeCheckpointError, load_engine_checkpoint  # noqa: E402
+from orchestrator.run.worker.optim import batch_geometry, deepspeed_config  # noqa: E402
 
 TAG = "ckpt"
 
@@ -138,7 +138,7 @@ def test_resume_goes_through_the_weights_only_loader():
     repo = Path(__file__).resolve().parents[3]
     found = {str(p.relative_to(repo)): lines for p in sorted((repo / "orchestrator").rglob("*.py"))
              if (lines := load_checkpoint_calls(p.read_text()))}
-    assert set(found) == {"orchestrator/run/checkpoint.py"}, found
+    assert set(found) == {"orchestrator/run/worker/checkpoint.py"}, found
 
 
 class ByName:
@@ -156,7 +156,7 @@ def test_enum_members_pickled_by_name_load_and_other_getattrs_do_not(tmp_path):
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    from orchestrator.run.checkpoint import WeightsOnlyCheckpointEngine
+    from orchestrator.run.worker.checkpoint import WeightsOnlyCheckpointEngine
 
     ok = tmp_path / "enum.pt"
     torch.save({"zero_stage": ByName(ZeroStageEnum, "gradients")}, ok)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
 BIN = Path(sys.executable).parent
 
@@ -45,7 +45,7 @@ def _qk(*args, cwd, env):
 def _job_status(url, job_id, env):
     # In a subprocess: Ray reads its auth settings once per process, and this one imported Ray
     # (test collection) before the cluster's token existed.
-    code = f"from orchestrator.run.submit import job_status; print(job_status({url!r}, {job_id!r}))"
+    code = f"from orchestrator.run.driver.submit import job_status; print(job_status({url!r}, {job_id!r}))"
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout.strip()

@@ -25,10 +25,10 @@ from typer.testing import CliRunner
 from orchestrator.cli import app
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.recorder import Recorder
-from orchestrator.run.stall import BLOCK_AT_STEP_ENV, WorkerGuard, block_hook_from_env, chain_hooks, stuck_reason
-from orchestrator.run.submit import build_job
-from orchestrator.run.watchdog import STALL_EXIT_CODE, WatchdogLimits
+from orchestrator.run.driver.submit import build_job
+from orchestrator.run.worker.recorder import Recorder
+from orchestrator.run.worker.stall import BLOCK_AT_STEP_ENV, WorkerGuard, block_hook_from_env, chain_hooks, stuck_reason
+from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, WatchdogLimits
 from orchestrator.track.lease import JOB_ID_ENV, STUDY_LEASE, Lease, run_lease_name
 from orchestrator.track.status import study_lease_line, study_status
 from orchestrator.track.tracking import artifact_location, create_run, ensure_experiment, sqlite_uri
@@ -237,8 +237,8 @@ def test_eval_of_a_run_without_final_weights_exits_2(store, monkeypatch):
 
 
 def test_a_pack_skips_the_runs_whose_lease_another_holder_has(tmp_path):
-    from orchestrator.run.leasing import STATUS_HELD, run_leases
-    from orchestrator.run.packing import fit_pack
+    from orchestrator.run.driver.leasing import STATUS_HELD, run_leases
+    from orchestrator.run.driver.packing import fit_pack
     from orchestrator.track.lease import read_lease
 
     storage = str(tmp_path / "ray")

@@ -18,110 +18,64 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from mlflow.tracking import MlflowClient
 
-pytestmark = pytest.mark.slow
+from tests.helpers import (
+    QKSTUDY,
+    TINY_SPEC,
+    TPS,
+    assert_every_step_once,
+    driver_env,
+    finish_driver,
+    plan_json,
+    reap_driver,
+    start_driver,
+    steps,
+    study_runs,
+    write_spec,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
 ROOT = Path(__file__).resolve().parents[3]
-QKSTUDY = Path(sys.executable).with_name("qkstudy")
-TPS = 8 * 64  # tokens per optimizer step of every spec here
-BASE = {"corpus": {"source": "stdlib", "max_documents": 60}, "tokenizer": {"vocab_size": 512}, "scales": ["cpu-xs"],
-        "variants": ["standard"], "budget": {"mode": "tokens", "tokens": 20 * TPS},
-        "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 1},
-        "eval": {"num_evals": 2, "max_windows": 4, "final_max_windows": 8, "diagnostics": False}}
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return {**env, **extra}
-
-
-def _write(d: Path, name: str, **over) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    f = d / f"{name}.yaml"
-    f.write_text(yaml.safe_dump({**BASE, "name": name, **over}))
-    return f
-
-
-def _start(spec: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
-    return subprocess.Popen([str(QKSTUDY), "run", spec.name, *args], cwd=spec.parent, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def _finish(p: subprocess.Popen, timeout: float = 900) -> str:
-    """Wait for a driver; its stderr. A driver past the timeout is killed with its group."""
-    try:
-        _, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        _, err = p.communicate()
-        raise AssertionError(f"driver timed out: {err[-3000:]}") from None
-    return err
-
-
-def _reap(p: subprocess.Popen) -> None:
-    """End whatever a killed driver's session left (a Ray it started)."""
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _runs(d: Path, study: str) -> tuple[MlflowClient, dict[str, object]]:
-    c = MlflowClient(f"sqlite:///{d / 'runs' / study / 'mlflow.db'}")
-    exp = c.get_experiment_by_name(study)
-    return c, {r.data.tags["run_id"]: r for r in c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")}
-
-
-def _steps(c: MlflowClient, mlflow_id: str, key: str = "train/loss") -> list[int]:
-    return [m.step for m in c.get_metric_history(mlflow_id, key)]
-
-
-def _plan(spec: Path) -> list[dict]:
-    out = subprocess.run([str(QKSTUDY), "plan", spec.name, "--json"], cwd=spec.parent, env=_env(), capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
 
 
 def test_two_drivers_at_once_train_each_run_exactly_once_and_a_waiter_finds_it_done(tmp_path):
-    spec = _write(tmp_path, "twice", variants=["standard", "coupled"],
+    spec = write_spec(tmp_path, "twice", variants=["standard", "coupled"],
                   resources={"workers": 1, "cpus_per_worker": 1, "zero_stage": 2})
-    env = _env()
-    a, b = _start(spec, env), _start(spec, env)
+    env = driver_env()
+    a, b = start_driver(spec, env), start_driver(spec, env)
     try:
         deadline = time.time() + 300
         while a.poll() is None and b.poll() is None and time.time() < deadline:
             time.sleep(0.2)
         loser, winner = (a, b) if a.poll() is not None else (b, a)
-        lose_err = _finish(loser, 60)
+        lose_err = finish_driver(loser, 60)
         assert loser.returncode == 2, lose_err[-3000:]
         flat = " ".join(lose_err.split())
         assert f"study 'twice' is being run by pid {winner.pid} on host" in flat, flat
         assert "watch it with `qkstudy status twice`" in flat and "Traceback" not in lose_err
         t_wait = time.time()
-        waiter = _start(spec, env, "--wait")
-        win_err = _finish(winner)
+        waiter = start_driver(spec, env, "--wait")
+        win_err = finish_driver(winner)
         t_winner_done = time.time()
-        wait_err = _finish(waiter)
+        wait_err = finish_driver(waiter)
         t_waiter_done = time.time()
     finally:
         for p in (a, b):
-            _reap(p)
+            reap_driver(p)
     assert winner.returncode == 0, win_err[-3000:]
     assert waiter.returncode == 0, wait_err[-3000:]
     assert f"waiting for the driver that runs twice: pid {winner.pid}" in " ".join(wait_err.split())
     assert "2 run(s) already finished in MLflow: skipped (Ray not started)" in wait_err
-    plan = _plan(spec)
-    c, runs = _runs(tmp_path, "twice")
+    plan = plan_json(spec)
+    c, runs = study_runs(tmp_path, "twice")
     assert sorted(runs) == sorted(p["run_id"] for p in plan)  # one MLflow run per planned run
     repeated = 0
     for p in plan:
         r = runs[p["run_id"]]
-        steps = _steps(c, r.info.run_id)
-        repeated += len(steps) - len(set(steps))
-        assert steps == [TPS * i for i in range(1, 21)], steps  # every step once: none twice, none lost
+        logged = steps(c, r.info.run_id)
+        repeated += len(logged) - len(set(logged))
+        assert_every_step_once(logged, 20)
         assert len(c.get_metric_history(r.info.run_id, "final/val_loss")) == 1
         assert r.data.tags["status"] == "finished" and "restarts" not in r.data.tags
     print(f"\n[two drivers] loser exit 2 naming pid {winner.pid}; steps repeated: {repeated}; "
@@ -139,11 +93,11 @@ def test_killed_driver_is_taken_over_at_once_and_resumes_with_no_repeated_step(t
     # 300 steps, a checkpoint every 30: on an idle machine cpu-xs trains ~15 steps/s, so a budget of a few
     # dozen steps ends before the kill lands and the test would measure nothing (asserted below)
     steps_total = 300
-    spec = _write(tmp_path, "killed", budget={"mode": "tokens", "tokens": steps_total * TPS},
-                  eval={**BASE["eval"], "num_evals": 10}, resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2})
-    (run,) = _plan(spec)
-    env = _env()
-    first = _start(spec, env)
+    spec = write_spec(tmp_path, "killed", budget={"mode": "tokens", "tokens": steps_total * TPS},
+                  eval={**TINY_SPEC["eval"], "num_evals": 10}, resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2})
+    (run,) = plan_json(spec)
+    env = driver_env()
+    first = start_driver(spec, env)
     try:
         # a checkpoint Ray Train registered (in its snapshot), not only written: that is what a new trainer resumes
         snapshot = tmp_path / "runs/killed/ray" / run["run_id"] / "checkpoint_manager_snapshot.json"
@@ -155,23 +109,22 @@ def test_killed_driver_is_taken_over_at_once_and_resumes_with_no_repeated_step(t
         os.kill(first.pid, signal.SIGKILL)  # the driver only, as a user's kill -9 would
         t_kill = time.time()
         first.wait()
-        c, runs = _runs(tmp_path, "killed")
-        logged_before = _steps(c, runs[run["run_id"]].info.run_id)
+        c, runs = study_runs(tmp_path, "killed")
+        logged_before = steps(c, runs[run["run_id"]].info.run_id)
         assert logged_before and logged_before[-1] < steps_total * TPS, "the run ended before the kill: nothing to resume"
-        second = _start(spec, env)
-        err = _finish(second)
+        second = start_driver(spec, env)
+        err = finish_driver(second)
     finally:
-        _reap(first)
+        reap_driver(first)
     assert second.returncode == 0, err[-3000:]
     flat = " ".join(err.split())
     assert f"study lease: took over from pid {first.pid} on host" in flat, flat
     assert f"its process (pid {first.pid}) is gone from this machine" in flat
     lease_file = next((tmp_path / "runs/killed/ray/leases/study").glob("*.json"))
     took_over_s = json.loads(lease_file.read_text())["started"] - t_kill
-    c, runs = _runs(tmp_path, "killed")
+    c, runs = study_runs(tmp_path, "killed")
     r = runs[run["run_id"]]
-    steps = _steps(c, r.info.run_id)
-    assert steps == [TPS * i for i in range(1, steps_total + 1)], steps  # none twice, none lost
+    assert_every_step_once(steps(c, r.info.run_id), steps_total)
     assert r.data.tags["status"] == "finished" and r.data.tags.get("restarts") == "1", (r.data.tags, err[-3000:])
     # From a checkpoint (every 30 steps), not from scratch. It can be past what MLflow showed at
     # the kill: the driver alone was killed, and its Ray workers train on (buffering their points)
@@ -193,7 +146,7 @@ def _extensions_dir(tmp: Path) -> Path:
     if (built / "deepspeed_shm_comm.so").is_file():
         shutil.copytree(built, ext / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
     out = subprocess.run([sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], cwd=ROOT,
-                         env=_env(TORCH_EXTENSIONS_DIR=str(ext), PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                         env=driver_env(TORCH_EXTENSIONS_DIR=str(ext), PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0 and "deepspeed_shm_comm" in out.stdout and "ready" in out.stdout, out.stderr[-2000:]
     return ext
@@ -205,28 +158,29 @@ def faulty(tmp_path_factory):
     build lock is planted before it starts, and the extend run's 25th step never returns
     (the base run has 20 steps) under a 20 s step bound."""
     d = tmp_path_factory.mktemp("faulty")
-    spec = _write(d, "faulty", extend=[2], resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 3})
+    spec = write_spec(d, "faulty", extend=[2], resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 3})
     ext = _extensions_dir(d)
     lock = ext / "deepspeed_shm_comm" / "lock"
     os.close(os.open(lock, os.O_CREAT | os.O_EXCL))  # as a build killed while holding it leaves it
     os.utime(lock, (time.time() - 3600, time.time() - 3600))
-    env = _env(TORCH_EXTENSIONS_DIR=str(ext), QKSTUDY_WATCHDOG="step=20", QKSTUDY_TEST_BLOCK_AT_STEP="25",
+    env = driver_env(TORCH_EXTENSIONS_DIR=str(ext), QKSTUDY_WATCHDOG="step=20", QKSTUDY_TEST_BLOCK_AT_STEP="25",
                MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="1")
     t0 = time.time()
-    p = _start(spec, env, "-v")
-    err = _finish(p)
-    _reap(p)
+    p = start_driver(spec, env, "-v")
+    err = finish_driver(p)
+    reap_driver(p)
     (d / "driver.err").write_text(err)  # for a failing test's reader
-    plan = {("extend" if r["extend"] == 2 else "base"): r for r in _plan(spec)}
+    plan = {("extend" if r["extend"] == 2 else "base"): r for r in plan_json(spec)}
     return d, spec, plan, p.returncode, err, lock, time.time() - t0
 
 
 def test_blocked_step_fails_its_run_with_section_and_stack_and_the_study_goes_on(faulty):
     d, _, plan, code, err, _, wall = faulty
     assert code == 1, err[-3000:]  # one run failed
-    c, runs = _runs(d, "faulty")
+    c, runs = study_runs(d, "faulty")
     stuck, ok = runs[plan["extend"]["run_id"]], runs[plan["base"]["run_id"]]
-    assert ok.data.tags["status"] == "finished" and _steps(c, ok.info.run_id) == [TPS * i for i in range(1, 21)]
+    assert ok.data.tags["status"] == "finished"
+    assert_every_step_once(steps(c, ok.info.run_id), 20)
     assert stuck.data.tags["status"] == "failed" and stuck.info.status == "FAILED"
     reason = stuck.data.tags["failure_reason"]
     assert reason.startswith("no progress: section 'step' ran") and "past its 20 s bound" in reason, reason
@@ -237,7 +191,7 @@ def test_blocked_step_fails_its_run_with_section_and_stack_and_the_study_goes_on
     stacks = Path(c.download_artifacts(stuck.info.run_id, "stall/stacks.txt", str(d)))
     assert "threading.Event().wait()" in stacks.read_text()
     # every step trained before the hang is in MLflow (the queued ones written by the stall), none after
-    assert _steps(c, stuck.info.run_id) == [TPS * i for i in range(1, 26)]
+    assert_every_step_once(steps(c, stuck.info.run_id), 25)
     assert "section 'step'" in err and "watchdog: rank 0" in err and "watchdog: rank 1" in err  # the log
     assert "final_weights.sha256" not in stuck.data.tags
     print(f"\n[blocked step] stall reported {elapsed:.1f} s into the step (bound 20 s); study of 2 runs in {wall:.0f} s")
@@ -247,31 +201,31 @@ def test_stale_extension_lock_is_cleared_and_said_in_the_log(faulty):
     d, _, plan, _, err, lock, _ = faulty
     assert not lock.exists()
     assert f"removed stale torch-extension build lock {lock}" in " ".join(err.split())
-    c, runs = _runs(d, "faulty")
+    c, runs = study_runs(d, "faulty")
     assert runs[plan["base"]["run_id"]].data.tags["status"] == "finished"
 
 
 def test_eval_of_the_final_weights_gives_the_runs_final_val_loss_and_sample_prints_text(faulty):
     d, spec, plan, *_ = faulty
-    c, runs = _runs(d, "faulty")
+    c, runs = study_runs(d, "faulty")
     r = runs[plan["base"]["run_id"]]
     out = subprocess.run([str(QKSTUDY), "eval", spec.name, plan["base"]["run_id"][:10], "--max-windows", "8", "--json"],
-                         cwd=d, env=_env(), capture_output=True, text=True, timeout=600)
+                         cwd=d, env=driver_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)
     final = r.data.metrics["final/val_loss"]
     assert res["windows"] == 8 and res["recorded_final_val_loss"] == final
     assert abs(res["val_loss"] - final) < 1e-4, (res["val_loss"], final)
     # all windows is another sample of the same split: near, not equal
-    alls = json.loads(subprocess.run([str(QKSTUDY), "eval", spec.name, r.info.run_name, "--json"], cwd=d, env=_env(),
+    alls = json.loads(subprocess.run([str(QKSTUDY), "eval", spec.name, r.info.run_name, "--json"], cwd=d, env=driver_env(),
                                      capture_output=True, text=True, timeout=600).stdout)
     assert alls["windows"] > 8 and abs(alls["val_loss"] - final) < 0.5 and alls["val_loss"] != res["val_loss"]
     out = subprocess.run([str(QKSTUDY), "sample", spec.name, r.info.run_name, "--prompt", "def ", "-n", "24", "--seed", "1"],
-                         cwd=d, env=_env(), capture_output=True, text=True, timeout=600)
+                         cwd=d, env=driver_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("def") and len(out.stdout.strip()) > len("def ") + 10, out.stdout
     # the failed run kept no weights: exit 2 with the reason
-    out = subprocess.run([str(QKSTUDY), "eval", spec.name, plan["extend"]["run_id"]], cwd=d, env=_env(),
+    out = subprocess.run([str(QKSTUDY), "eval", spec.name, plan["extend"]["run_id"]], cwd=d, env=driver_env(),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 2 and "has no final weights" in out.stderr, out.stderr[-2000:]
     print(f"\n[final weights] eval {res['val_loss']:.6f} vs final/val_loss {final:.6f} "
@@ -280,7 +234,7 @@ def test_eval_of_the_final_weights_gives_the_runs_final_val_loss_and_sample_prin
 
 def test_a_run_keeps_its_artifacts_system_metrics_and_dataset_input_in_the_study(faulty):
     d, _, plan, *_ = faulty
-    c, runs = _runs(d, "faulty")
+    c, runs = study_runs(d, "faulty")
     r = runs[plan["base"]["run_id"]]
     assert r.info.artifact_uri.startswith((d / "runs" / "faulty" / "artifacts").as_uri())
     assert (d / "runs/faulty/artifacts" / r.info.run_id / "artifacts/final_weights/model.pt").is_file()

@@ -148,7 +148,7 @@ ENGINE = textwrap.dedent("""
     from data_pipeline import TokenLoader
     from model import GPT, ModelConfig
     from orchestrator.run.final_weights import save_final_weights
-    from orchestrator.run.optim import batch_geometry, deepspeed_config
+    from orchestrator.run.worker.optim import batch_geometry, deepspeed_config
     a = json.loads(sys.argv[1])
     os.environ["MASTER_PORT"] = str(a["port"])
     dist.init_process_group("gloo", rank=0, world_size=1)

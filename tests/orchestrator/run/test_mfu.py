@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from orchestrator.run.mfu import device_peak_flops, mfu, peak_flops_of
+from orchestrator.run.worker.mfu import device_peak_flops, mfu, peak_flops_of
 
 
 def test_mfu_on_known_numbers():

@@ -6,7 +6,7 @@ asyncio.create_subprocess_shell), and a Ray job entrypoint (which Ray runs throu
 is never built by string formatting.
 
 Dynamic: a real spec whose string fields and file name hold ``$(touch ...)`` / backticks /
-``;`` goes through the real submit path (`orchestrator.run.submit.build_job`); the entrypoint a
+``;`` goes through the real submit path (`orchestrator.run.driver.submit.build_job`); the entrypoint a
 real /bin/sh parses is exactly the intended argv, and nothing was executed.
 """
 
@@ -128,7 +128,7 @@ def _hostile(marker: Path) -> str:
 
 
 def test_spec_fields_with_shell_metacharacters_reach_no_shell(tmp_path: Path) -> None:
-    submit = pytest.importorskip("orchestrator.run.submit", reason="orchestrator.run.submit not present yet")
+    submit = pytest.importorskip("orchestrator.run.driver.submit", reason="orchestrator.run.driver.submit not present yet")
     from orchestrator.plan.spec import SpecError, load_spec
 
     marker = tmp_path / "pwned"

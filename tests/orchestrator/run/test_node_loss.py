@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .conftest import process_alive
+from tests.fixtures.cluster import process_alive
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
 BIN = Path(sys.executable).parent
 TPS = 8 * 64  # tokens per optimizer step
@@ -49,7 +49,7 @@ def _qk(*args: str, cwd: Path, env: dict[str, str], timeout: float = 600) -> sub
 
 def _job_status(url: str, job_id: str, env: dict[str, str]) -> str:
     # In a subprocess: Ray reads its auth settings once per process.
-    code = f"from orchestrator.run.submit import job_status; print(job_status({url!r}, {job_id!r}))"
+    code = f"from orchestrator.run.driver.submit import job_status; print(job_status({url!r}, {job_id!r}))"
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout.strip()

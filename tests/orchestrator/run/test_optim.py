@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from orchestrator.run.optim import batch_geometry, deepspeed_config, lr_multiplier
+from orchestrator.run.worker.optim import batch_geometry, deepspeed_config, lr_multiplier
 
 
 @pytest.mark.parametrize("gb,world,mb,expect", [(16, 1, 16, (16, 1)), (16, 2, 16, (8, 1)), (32, 2, 6, (4, 4)),
@@ -45,7 +45,7 @@ def test_deepspeed_config_precision_by_device():
 
 def test_weight_decay_only_on_weight_matrices():
     from model import GPT, build_config
-    from orchestrator.run.optim import param_groups
+    from orchestrator.run.worker.optim import param_groups
 
     m = GPT(build_config("cpu-xs", "coupled_differential", vocab_size=256))
     decay, no_decay = param_groups(m, 0.1)

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.packing import launch_order, make_packs
+from orchestrator.run.driver.packing import launch_order, make_packs
 
 
 def _runs(per_trainer):

@@ -7,7 +7,7 @@ from rich.console import Console
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.progress_view import StudyProgress
+from orchestrator.run.progress import StudyProgress
 
 
 def _runs():

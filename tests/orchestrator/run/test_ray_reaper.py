@@ -1,4 +1,4 @@
-"""Nothing of a local Ray outlives a driver killed with SIGKILL (``run.ray_reaper``). Fast: a
+"""Nothing of a local Ray outlives a driver killed with SIGKILL (``run.driver.ray_reaper``). Fast: a
 real process tree (a stand-in driver with a detached ``ray::`` child, as the raylet's agents
 are, and a child that is not Ray's). Slow: a real `qkstudy run` killed mid-run: every Ray
 process it had is gone 10 s after the kill (without the reaper its DashboardAgent and
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from orchestrator.run.ray_reaper import GRACE_S, _alive, descendants, start_reaper, watch
+from orchestrator.run.driver.ray_reaper import GRACE_S, _alive, descendants, start_reaper, watch
 
 DRIVER = """
 import subprocess, sys, time
@@ -91,6 +91,7 @@ def test_a_killed_drivers_ray_children_are_ended_and_its_other_children_left_alo
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_nothing_of_a_local_ray_outlives_a_kill_9_of_its_driver(tmp_path):
     from tests.orchestrator.run.test_faults import TPS, _env, _reap, _start, _write
 

@@ -8,8 +8,8 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.recorder import Recorder
-from orchestrator.run.stall import KILL_AT_STEP_ENV, kill_hook_from_env
+from orchestrator.run.worker.recorder import Recorder
+from orchestrator.run.worker.stall import KILL_AT_STEP_ENV, kill_hook_from_env
 from orchestrator.track.tracking import create_run, ensure_experiment
 
 SPEC = {"name": "rec", "scales": ["cpu-xs"], "variants": ["standard"], "tokenizer": {"vocab_size": 512},
@@ -116,7 +116,7 @@ def test_kill_hook_only_when_asked(monkeypatch):
     assert kill_hook_from_env() is None
     code = ("import os\n"
             f"os.environ[{KILL_AT_STEP_ENV!r}] = '3'\n"
-            "from orchestrator.run.stall import kill_hook_from_env\n"
+            "from orchestrator.run.worker.stall import kill_hook_from_env\n"
             "hook = kill_hook_from_env()\n"
             "hook(1); hook(2); print('alive at 2', flush=True)\n"
             "hook(3); print('alive at 3', flush=True)\n")

@@ -1,8 +1,8 @@
 """A torn or damaged checkpoint is never resumed: manifests written after the save
-(``run.ckpt_manifest``) and the newest-whole pick (``run.resume``) over real Ray Train
-``Checkpoint`` objects on real directories, loaded with torch's weights-only loader. One
-rank here (``any_rank`` is the identity); the multi-rank, DeepSpeed path is in
-``test_torn_checkpoint.py``."""
+(``run.ckpt_format``, checked on their own in ``test_ckpt_format.py``) and the newest-whole
+pick (``run.worker.resume``) over real Ray Train ``Checkpoint`` objects on real directories, loaded
+with torch's weights-only loader. One rank here (``any_rank`` is the identity); the
+multi-rank, DeepSpeed path is in ``test_torn_checkpoint.py``."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 ray_train = pytest.importorskip("ray.train")
 
-from orchestrator.run.ckpt_manifest import manifest_name, verify_share, write_manifest  # noqa: E402
-from orchestrator.run.resume import FALLBACK_KEY, restore_newest_whole  # noqa: E402
-
-STATE = "qkstudy_state.json"
+from orchestrator.run.ckpt_format import STATE_FILE as STATE  # noqa: E402
+from orchestrator.run.ckpt_format import manifest_name, write_manifest  # noqa: E402
+from orchestrator.run.worker.resume import FALLBACK_KEY, restore_newest_whole  # noqa: E402
 
 
 def _save(root: Path, name: str, step: int, run_id: str = "r1", world: int = 1, manifest: bool = True) -> Path:
@@ -53,26 +52,8 @@ class Engine:
 
 def _restore(cands: list[Path], eng: Engine, log: list[str], run_id: str = "r1") -> dict | None:
     return restore_newest_whole([ray_train.Checkpoint.from_directory(str(c)) for c in cands], eng.load, run_id=run_id,
-                                data_hash="h", rank=0, state_file=STATE, any_rank=lambda f: f, log=log.append,
+                                data_hash="h", rank=0, any_rank=lambda f: f, log=log.append,
                                 rebuild=eng.rebuild)
-
-
-def test_manifest_lists_every_file_and_flags_truncation_a_changed_byte_and_a_missing_rank(tmp_path):
-    d = _save(tmp_path, "c", 10, world=2)
-    m = json.loads((d / manifest_name(0)).read_text())
-    assert sorted(m["files"]) == ["ckpt/model_states.pt", STATE] and m["world"] == 2
-    assert verify_share(d, 0) is None and verify_share(d, 1) is None
-    f = d / "ckpt" / "model_states.pt"
-    raw = f.read_bytes()
-    f.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
-    assert "SHA-256 mismatch" in verify_share(d, 0)
-    _truncate(f)
-    assert f"has {len(raw) // 2} bytes, {len(raw)} were saved" in verify_share(d, 0)
-    f.write_bytes(raw)
-    (d / manifest_name(1)).unlink()  # rank 1's save never finished
-    assert verify_share(d, 0) == "rank(s) [1] of 2 never finished their share (no manifest)"
-    assert "never completed" in verify_share(d, 1)
-    assert not list(d.glob("*.tmp"))
 
 
 def test_a_save_that_stopped_before_its_manifest_is_never_loaded(tmp_path):

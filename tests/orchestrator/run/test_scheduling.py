@@ -12,9 +12,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.packing import launch_order
-from orchestrator.run.placement import capacity, unschedulable_reason
-from orchestrator.run.runner import dispatch
+from orchestrator.run.driver.packing import launch_order
+from orchestrator.run.driver.placement import capacity, unschedulable_reason
+from orchestrator.run.driver.runner import dispatch
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""orchestrator.run.submit's two guards: the submit-address policy and shell quoting."""
+"""orchestrator.run.driver.submit's two guards: the submit-address policy and shell quoting."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from orchestrator.run.submit import AddressError, InsecureAddressError, check_submit_address, is_loopback_host, shell_join
+from orchestrator.run.driver.submit import AddressError, InsecureAddressError, check_submit_address, is_loopback_host, shell_join
 
 # --------------------------------------------------------------------------- addresses
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan.spec import SpecError
-from orchestrator.run.submit import build_job, ephemeral_fields
+from orchestrator.run.driver.submit import build_job, ephemeral_fields
 
 QKSTUDY = Path(sys.executable).with_name("qkstudy")
 SPEC = """\

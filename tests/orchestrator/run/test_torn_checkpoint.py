@@ -15,9 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.orchestrator.run.test_faults import BASE, TPS, _env, _finish, _plan, _reap, _runs, _start, _steps, _write
+from tests.helpers import (
+    TINY_SPEC,
+    TPS,
+    assert_every_step_once,
+    driver_env,
+    finish_driver,
+    plan_json,
+    reap_driver,
+    start_driver,
+    steps,
+    study_runs,
+    write_spec,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
 STEPS, KILL_AT = 60, 35
 
@@ -42,19 +54,19 @@ def _latest_registered(storage: Path, kept: dict[int, Path]) -> int:
 
 
 def test_truncated_latest_checkpoint_resumes_from_the_previous_one_and_says_so(tmp_path):
-    spec = _write(tmp_path, "torn", budget={"mode": "tokens", "tokens": STEPS * TPS},
-                  eval={**BASE["eval"], "num_evals": STEPS // 10},
+    spec = write_spec(tmp_path, "torn", budget={"mode": "tokens", "tokens": STEPS * TPS},
+                  eval={**TINY_SPEC["eval"], "num_evals": STEPS // 10},
                   resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0})
-    (run,) = _plan(spec)
-    first = _start(spec, _env(QKSTUDY_TEST_KILL_AT_STEP=str(KILL_AT)))
+    (run,) = plan_json(spec)
+    first = start_driver(spec, driver_env(QKSTUDY_TEST_KILL_AT_STEP=str(KILL_AT)))
     try:
-        err1 = _finish(first)
+        err1 = finish_driver(first)
     finally:
-        _reap(first)
+        reap_driver(first)
     assert first.returncode == 1, err1[-3000:]  # the run failed: its workers died
-    c, runs = _runs(tmp_path, "torn")
+    c, runs = study_runs(tmp_path, "torn")
     mlflow_id = runs[run["run_id"]].info.run_id
-    logged_before = _steps(c, mlflow_id)
+    logged_before = steps(c, mlflow_id)
     # points reach MLflow at each evaluation's flush: 31-35 died queued in the worker
     assert logged_before == [TPS * i for i in range(1, 31)], logged_before
     storage = tmp_path / "runs/torn/ray" / run["run_id"]
@@ -75,25 +87,24 @@ def test_truncated_latest_checkpoint_resumes_from_the_previous_one_and_says_so(t
     victim.write_bytes(victim.read_bytes()[: size // 2])
 
     t0 = time.time()
-    second = _start(spec, _env(), "-v")  # -v: the workers' log lines
+    second = start_driver(spec, driver_env(), "-v")  # -v: the workers' log lines
     try:
-        err = _finish(second)
+        err = finish_driver(second)
     finally:
-        _reap(second)
+        reap_driver(second)
     assert second.returncode == 0, err[-3000:]
     flat = " ".join(err.split())
     said = (f"skipped corrupt checkpoint(s): {kept[latest].name} (step {latest}): ckpt/mp_rank_00_model_states.pt has "
             f"{size // 2} bytes, {size} were saved (truncated or torn); resumed from {kept[before].name} (step {before})")
     assert said in flat, flat[-3000:]
-    c, runs = _runs(tmp_path, "torn")
+    c, runs = study_runs(tmp_path, "torn")
     r = runs[run["run_id"]]
     assert r.info.run_id == mlflow_id and r.data.tags["status"] == "finished" and r.info.status == "FINISHED"
     assert r.data.tags["resume_fallback"] == said
     assert r.data.tags["resumed_from_tokens"] == str(before * TPS) and r.data.tags["restarts"] == "1"
-    steps = _steps(c, mlflow_id)
-    assert steps == [TPS * i for i in range(1, STEPS + 1)], steps  # none twice, none lost
+    assert_every_step_once(steps(c, mlflow_id), STEPS)
     assert len(c.get_metric_history(mlflow_id, "final/val_loss")) == 1
-    assert _steps(c, mlflow_id, "val/loss") == [TPS * i for i in range(10, STEPS + 1, 10)]
+    assert steps(c, mlflow_id, "val/loss") == [TPS * i for i in range(10, STEPS + 1, 10)]
     first_new = min(m.timestamp for m in c.get_metric_history(mlflow_id, "train/loss") if m.step > 30 * TPS)
     print(f"\n[torn checkpoint] latest (step {latest}) cut to {size // 2} of {size} bytes; resumed from step {before}: "
           f"{KILL_AT - before} steps trained again ({30 - before} of them already in MLflow), 0 logged twice, 0 lost; first new "

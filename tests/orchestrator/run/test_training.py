@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 import yaml
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.optim import lr_multiplier
-from orchestrator.run.runner import run_runs, run_study
+from orchestrator.run.driver.runner import run_runs
+from orchestrator.run.driver.study import run_study
+from orchestrator.run.worker.optim import lr_multiplier
 from orchestrator.track.lease import LEASE_DIR
 from orchestrator.track.tracking import study_tracking_uri
 
@@ -36,13 +36,6 @@ BASE = {
     # odd window counts: 2 workers must read the same windows as 1 (no window dropped to even them out)
     "eval": {"num_evals": 5, "max_windows": 7, "final_max_windows": 13, "diagnostics": False},
 }
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def _history(uri, study, key):
@@ -167,6 +160,7 @@ def _train(f, cwd, env, **kw):
     return subprocess.run([str(exe), "train", str(f)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kw)
 
 
+@pytest.mark.stack
 def test_kill_and_resume_matches_uninterrupted(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run, f = _write_run(tmp_path, "resume")
@@ -201,6 +195,7 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     assert m["time/elapsed_s"] >= m["time/startup_s"] + m["time/step_s"] + m["time/eval_s"] + m["time/checkpoint_s"]
 
 
+@pytest.mark.stack
 def test_resubmitting_after_driver_killed_resumes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run, f = _write_run(tmp_path, "resubmit")

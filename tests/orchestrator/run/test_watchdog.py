@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.run.watchdog import (
+from orchestrator.run.worker.watchdog import (
     STALL_EXIT_CODE,
     Watchdog,
     WatchdogLimits,
@@ -108,7 +108,7 @@ class _Clock:
 
 
 def test_seconds_per_section_leave_nested_sections_out(monkeypatch):
-    import orchestrator.run.watchdog as watchdog
+    import orchestrator.run.worker.watchdog as watchdog
 
     clock = _Clock()
     monkeypatch.setattr(watchdog, "time", clock)
@@ -131,7 +131,7 @@ def test_seconds_per_section_leave_nested_sections_out(monkeypatch):
 
 def test_totals_count_the_open_sections_so_far(monkeypatch):
     """A checkpoint's snapshot is taken inside an eval and its checkpoint section: both count."""
-    import orchestrator.run.watchdog as watchdog
+    import orchestrator.run.worker.watchdog as watchdog
 
     clock = _Clock()
     monkeypatch.setattr(watchdog, "time", clock)
@@ -165,7 +165,7 @@ def test_limits_from_env_and_reason():
 STUCK = textwrap.dedent("""
     import os, sys
     import torch.distributed as dist
-    from orchestrator.run.watchdog import STALL_EXIT_CODE, Watchdog, WatchdogLimits, stall_reason
+    from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, Watchdog, WatchdogLimits, stall_reason
 
     def on_stall(section, elapsed, stack):
         print(stall_reason(section, elapsed, 2.0, stack), flush=True)

@@ -9,14 +9,13 @@ happened to be whole, but a partitioned one raised (tests/model/test_diagnostics
 import math
 
 import pytest
-import ray
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from model.diagnostics import NAMES, PROBE_WINDOWS
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.runner import run_runs
+from orchestrator.run.driver.runner import run_runs
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +24,6 @@ BASE = {"corpus": {"source": "stdlib", "max_documents": 60}, "tokenizer": {"voca
         "variants": ["coupled_differential"], "reference": "coupled_differential", "budget": {"mode": "tokens", "tokens": 10 * TPS},
         "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 5},
         "eval": {"num_evals": 2, "max_windows": 4, "final_max_windows": 4, "diagnostics": True}}
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def _diagnostics(tmp_path, stage: int) -> dict[str, list[tuple[int, float]]]:

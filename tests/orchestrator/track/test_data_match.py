@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from orchestrator.cli import app
 from orchestrator.plan.inputs import corpus_hashes, plan_study
 from orchestrator.plan.spec import load_spec
-from orchestrator.run.register import run_params
+from orchestrator.run.driver.records import run_params
 from orchestrator.track.data_match import match_data
 from orchestrator.track.tracking import STATUS_FINISHED, client_for, create_run, ensure_experiment, set_status
 from orchestrator.track.tracking import study_tracking_uri as uri_of

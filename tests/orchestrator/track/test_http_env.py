@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.run.submit import build_job
+from orchestrator.run.driver.submit import build_job
 from orchestrator.track.http_env import MLFLOW_HTTP_ENV, OUTAGE_ENV
 
 ROOT = Path(__file__).resolve().parents[3]

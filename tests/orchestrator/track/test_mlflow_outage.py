@@ -17,11 +17,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from orchestrator.track.http_env import apply_http_env
 from orchestrator.track.metric_buffer import MetricBuffer, OutagePolicy, TrackingOutage
 from orchestrator.track.tracking import last_logged_step
+from tests.helpers import QKSTUDY, TINY_SPEC, TPS, driver_env, finish_driver, reap_driver
 
 
 class Server:
@@ -121,29 +123,23 @@ def test_past_its_bound_the_outage_raises_with_a_reason_and_the_next_attempt_wri
     assert [m.value for m in client.get_metric_history(run_id, "loss")] == [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
 
 
-@pytest.mark.slow
 def _study_spec(tmp_path: Path, name: str, url: str, steps: int, num_evals: int) -> Path:
-    """A tiny one-run study (test_faults' sizes) tracked by the server at ``url``; no Ray Train retry."""
-    import yaml
-
-    from tests.orchestrator.run.test_faults import BASE, TPS
-
+    """A tiny one-run study (``tests.helpers.TINY_SPEC``'s sizes) tracked by the server at ``url``; no Ray Train retry."""
     spec = tmp_path / "study" / f"{name}.yaml"
     spec.parent.mkdir()
-    spec.write_text(yaml.safe_dump({**BASE, "name": name, "tracking_uri": url, "budget": {"mode": "tokens", "tokens": steps * TPS},
-                                    "eval": {**BASE["eval"], "num_evals": num_evals},
+    spec.write_text(yaml.safe_dump({**TINY_SPEC, "name": name, "tracking_uri": url, "budget": {"mode": "tokens", "tokens": steps * TPS},
+                                    "eval": {**TINY_SPEC["eval"], "num_evals": num_evals},
                                     "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0}}))
     return spec
 
 
+@pytest.mark.slow
+@pytest.mark.stack
 def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server, tmp_path):
-
-    from tests.orchestrator.run.test_faults import QKSTUDY, TPS, _env, _finish, _reap
-
     steps = 600  # ~40-90 s of training here: the outage starts at the first flush and ends well before the last step
     spec = _study_spec(tmp_path, "outage", server.url, steps, num_evals=30)
     client = MlflowClient(server.url)
-    p = subprocess.Popen([str(QKSTUDY), "run", spec.name, "-v"], cwd=spec.parent, env=_env(), stdout=subprocess.PIPE,
+    p = subprocess.Popen([str(QKSTUDY), "run", spec.name, "-v"], cwd=spec.parent, env=driver_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         mlflow_id, deadline = None, time.time() + 600
@@ -160,9 +156,9 @@ def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server,
         time.sleep(20)  # at ~10 steps/s: several flush intervals (one per 20 steps)
         restart_s = server.start()
         down_s = time.time() - t_down
-        err = _finish(p)
+        err = finish_driver(p)
     finally:
-        _reap(p)
+        reap_driver(p)
     assert p.returncode == 0, err[-3000:]
     flat = " ".join(err.split())
     assert "MLflow write failed" in flat and "keeping" in flat and "MLflow answers again after" in flat, flat[-3000:]
@@ -177,16 +173,14 @@ def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server,
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_resumes_with_every_point_once(server, tmp_path):
-
-    from tests.orchestrator.run.test_faults import QKSTUDY, TPS, _env, _finish, _reap
-
     steps = 400
     spec = _study_spec(tmp_path, "bound", server.url, steps, num_evals=20)
     client = MlflowClient(server.url)
 
     def start(**env: str) -> subprocess.Popen:
-        return subprocess.Popen([str(QKSTUDY), "run", spec.name, "-v"], cwd=spec.parent, env=_env(**env),
+        return subprocess.Popen([str(QKSTUDY), "run", spec.name, "-v"], cwd=spec.parent, env=driver_env(**env),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     p = start(QKSTUDY_MLFLOW_OUTAGE_S="8")
@@ -201,10 +195,10 @@ def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_res
         assert mlflow_id, "no point reached MLflow"
         server.stop()  # and it stays down until the driver has given up
         t_down = time.time()
-        err = _finish(p)
+        err = finish_driver(p)
         gave_up_s = time.time() - t_down
     finally:
-        _reap(p)
+        reap_driver(p)
     assert p.returncode == 1, err[-3000:]
     flat = " ".join(err.split())
     assert "took no write for" in flat and "(bound 8 s, QKSTUDY_MLFLOW_OUTAGE_S" in flat, flat[-3000:]
@@ -214,9 +208,9 @@ def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_res
     assert before and before[-1] < steps * TPS
     q = start()
     try:
-        err2 = _finish(q)
+        err2 = finish_driver(q)
     finally:
-        _reap(q)
+        reap_driver(q)
     assert q.returncode == 0, err2[-3000:]
     r = client.get_run(mlflow_id)
     assert r.data.tags["status"] == "finished" and r.data.tags["restarts"] == "1"
@@ -229,7 +223,7 @@ def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_res
 
 
 def test_a_pack_that_ends_while_mlflow_is_down_reports_the_runs_failure_reason_not_a_crash():
-    from orchestrator.run.packing import _outcomes
+    from orchestrator.run.driver.packing import _outcomes
 
     apply_http_env()
     with socket.socket() as s:  # a port nothing listens on: the server is down

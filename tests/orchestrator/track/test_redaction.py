@@ -5,7 +5,7 @@ The end-to-end tests use real stores reached by URIs that carry a password: a Po
 database (``postgresql+psycopg://user:password@127.0.0.1:port/db``, read by the report's SQL
 path) and an ``mlflow server --app-name basic-auth`` on loopback
 (``http://user:password@127.0.0.1:port``, read through the MLflow client), both from
-tests/docker/conftest.py. They skip only where the PostgreSQL binaries are absent. MLflow's
+tests/fixtures/services.py. They skip only where the PostgreSQL binaries are absent. MLflow's
 own "View run at <URI>" lines are part of the output checked.
 """
 

@@ -3,7 +3,8 @@
 Each worker builds the run's model, wraps it in a DeepSpeed engine (ZeRO stage from the
 spec), and trains exactly ``RunSpec.steps`` optimizer steps over the loader's global batches,
 taking its rank's slice. Rank 0 alone talks to MLflow, through the run's ``Recorder``
-(``run.recorder``: batched ``log_batch``, step = tokens seen). Checkpoints: every rank saves its own DeepSpeed shard into one directory with the
+(``run.worker.recorder``: batched ``log_batch``, step = tokens seen). Checkpoints (layout and
+manifests: ``run.ckpt_format``): every rank saves its own DeepSpeed shard into one directory with the
 loop state (step, wall time, MLflow run id) and ``ray.train.report`` merges them into one Ray
 Train checkpoint on the study's storage. On a restart (a worker retried by Ray's
 FailureConfig, or the study resubmitted under the same run name) the loop loads the latest
@@ -23,7 +24,6 @@ also log ``val/accuracy`` and ``final/val_accuracy``: argmax = target on labelle
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -34,16 +34,21 @@ from typing import Any
 
 import torch
 
-from orchestrator.plan.planner import RunSpec
-from orchestrator.run.evaluate import eval_sums, val_metrics
+from orchestrator.plan.contract import RunSpec
+from orchestrator.run.ckpt_format import CKPT_TAG, save_share
 from orchestrator.run.ext_lock import sweeping
-from orchestrator.run.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
-from orchestrator.run.recorder import Recorder
-from orchestrator.run.stall import StepHook, WorkerGuard, block_hook_from_env, chain_hooks, kill_hook_from_env, worker_log
+from orchestrator.run.worker.branching import (
+    BRANCH_POINT_KEY,
+    branch_point_dir,
+    copy_trunk_history,
+    restore_branch_point,
+    save_branch_point,
+)
+from orchestrator.run.worker.evaluate import eval_sums, val_metrics
+from orchestrator.run.worker.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
+from orchestrator.run.worker.recorder import Recorder
+from orchestrator.run.worker.stall import StepHook, WorkerGuard, block_hook_from_env, chain_hooks, kill_hook_from_env, worker_log
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status
-
-STATE_FILE = "qkstudy_state.json"
-CKPT_TAG = "ckpt"
 
 
 class _Dist:
@@ -63,8 +68,8 @@ class RunLoop:
     """One worker's share of a run. ``rank``/``world_size`` come from the Ray Train context;
     ``step_hook`` (fault injection in tests) runs before every optimizer step when given;
     ``data_hash`` is the prepared data's content hash (a checkpoint of the same run on other
-    data is never resumed); ``guard`` the process's watchdog (``run.stall``; none: unwatched);
-    ``storage_path`` the study's storage (branch points of ``protocol: branches``, ``run.branching``)."""
+    data is never resumed); ``guard`` the process's watchdog (``run.worker.stall``; none: unwatched);
+    ``storage_path`` the study's storage (branch points of ``protocol: branches``, ``run.worker.branching``)."""
 
     def __init__(self, run: RunSpec, data_path: str, tracking_uri: str, mlflow_run_id: str,
                  rank: int, world_size: int, board: str | None = None, step_hook: StepHook | None = None,
@@ -102,16 +107,16 @@ class RunLoop:
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.on_gpu else nullcontext()
 
     def _restore(self) -> dict[str, Any]:
-        """Load the newest whole Ray Train checkpoint of this run, if any (``run.resume``: a
+        """Load the newest whole Ray Train checkpoint of this run, if any (``run.worker.resume``: a
         corrupt latest one falls back to the one before); return the loop state it holds."""
-        from orchestrator.run.checkpoint import load_engine_checkpoint  # weights-only: storage is shared
-        from orchestrator.run.resume import candidates, restore_newest_whole
+        from orchestrator.run.worker.checkpoint import load_engine_checkpoint  # weights-only: storage is shared
+        from orchestrator.run.worker.resume import candidates, restore_newest_whole
 
         fresh = {"step": 0, "wall_s": 0.0, "evals": 0}
         dev = _collective_device(self.on_gpu)
         state = restore_newest_whole(
             candidates() if _in_ray_train() else [], lambda d: load_engine_checkpoint(self.engine, d, CKPT_TAG),
-            run_id=self.run.run_id, data_hash=self.data_hash, rank=self.rank, state_file=STATE_FILE,
+            run_id=self.run.run_id, data_hash=self.data_hash, rank=self.rank,
             any_rank=lambda flag: self.dist.sum([float(flag)], dev)[0] > 0, log=worker_log, rebuild=self._build)
         if state is None or "step" not in state:
             return {**fresh, **(state or {})}
@@ -195,14 +200,7 @@ class RunLoop:
 
         with self.guard.section("checkpoint"), tempfile.TemporaryDirectory(prefix="qkstudy-ckpt-") as d:
             t0 = time.perf_counter()
-            self.engine.save_checkpoint(d, tag=CKPT_TAG)
-            if self.rank == 0:
-                tmp = Path(d) / (STATE_FILE + ".tmp")
-                tmp.write_text(json.dumps(state))
-                tmp.rename(Path(d) / STATE_FILE)
-            from orchestrator.run.ckpt_manifest import write_manifest
-
-            write_manifest(d, self.rank, self.world)  # last: this share is whole (run.ckpt_manifest)
+            save_share(self.engine, d, state, self.rank, self.world)  # DeepSpeed, state, manifest (run.ckpt_format)
             own = sum(f.stat().st_size for f in Path(d).rglob("*") if f.is_file())
             (size,) = self.dist.sum([float(own)], self.device)
             t1 = time.perf_counter()
@@ -226,7 +224,8 @@ class RunLoop:
         r = self.run
         self.rec = rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world,
                        data=(r.corpus_name, self.data_path, self.data_hash), carried=state.get("unwritten_metrics"))
-        rec.start(state["step"], fallback=state.get("resume_fallback"), branched=bool(state.get("branched")))
+        rec.start(state["step"], fallback=state.get("resume_fallback"), branched=bool(state.get("branched")),
+                  branch_point=state.get(BRANCH_POINT_KEY))
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         self.engine.train()
         while step < r.steps:
@@ -272,25 +271,28 @@ class RunLoop:
 
     def _branch_start(self, state: dict[str, Any]) -> dict[str, Any]:
         """A branch (``protocol: branches``) without a checkpoint of its own starts from its
-        trunk's branch point, its curve copied from the trunk's (``run.branching``)."""
+        trunk's branch point, verified (a torn one: an earlier one or step 0), its curve
+        copied from the trunk's up to the step it starts at (``run.worker.branching``)."""
         if state["step"] or self.run.trunk is None:
             return state
-        from orchestrator.run.branching import copy_trunk_history, restore_branch_point
+        from orchestrator.run.worker.checkpoint import load_engine_checkpoint  # weights-only: storage is shared
 
-        state = restore_branch_point(self.engine, self.scheduler, self.run, self.storage_path)
-        if self.rank == 0:
-            copy_trunk_history(client_for(self.tracking_uri), state["trunk_mlflow_run_id"], self.mlflow_run_id,
-                               state["step"] * self.run.train.tokens_per_step)
-        return state
+        dev = _collective_device(self.on_gpu)
+        start = restore_branch_point(
+            lambda d: load_engine_checkpoint(self.engine, d, CKPT_TAG), self.scheduler, self.run, self.storage_path,
+            data_hash=self.data_hash, rank=self.rank, any_rank=lambda flag: self.dist.sum([float(flag)], dev)[0] > 0,
+            log=worker_log, rebuild=self._build)
+        if self.rank == 0 and start.get("branched"):
+            copy_trunk_history(client_for(self.tracking_uri), start["trunk_mlflow_run_id"], self.mlflow_run_id,
+                               start["step"] * self.run.train.tokens_per_step)
+        return {**state, **start}  # a resume_fallback note of the branch's own checkpoints stays
 
     def _branch_point(self, step: int, wall_s: float, evals: int) -> None:
-        """Save the retained checkpoint a branch starts from (``run.branching``); collective."""
-        from orchestrator.run.branching import branch_point_dir, save_branch_point
-
+        """Save the retained checkpoint a branch starts from (``run.worker.branching``); collective."""
         state = {"step": step, "wall_s": wall_s, "evals": evals, "mlflow_run_id": self.mlflow_run_id,
                  "run_id": self.run.run_id, "data_hash": self.data_hash}
         save_branch_point(self.engine, branch_point_dir(self.storage_path, self.run.run_id, step), state, self.rank,
-                          lambda: self.dist.sum([0.0], self.device))
+                          self.world, lambda: self.dist.sum([0.0], self.device))
 
     def _eval_step(self, rec: Recorder, step: int, wall_s: float, evals: int, is_last: bool) -> None:
         """Evaluate the curve's windows (and, when ``is_last``, the final pass: those plus the

@@ -20,7 +20,7 @@ from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from orchestrator.plan.planner import RunSpec
+from orchestrator.plan.contract import RunSpec
 from orchestrator.track.tracking import (
     KIND_SUPERSEDED,
     KIND_TAG,

@@ -21,8 +21,8 @@ from typing import Any
 import ray
 from rich.console import Console
 
+from orchestrator.plan.contract import RunSpec
 from orchestrator.plan.inputs import CorpusError
-from orchestrator.plan.planner import RunSpec
 from orchestrator.track.tracking import client_for, ensure_experiment, set_unigram_tags
 
 __all__ = ["CorpusError", "check_data_fits", "find_unigrams", "prepare_data", "record_unigrams"]

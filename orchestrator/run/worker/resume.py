@@ -1,8 +1,8 @@
 """Pick the checkpoint a run resumes from: the newest whole one of this run, else a fresh start.
 
 Ray Train hands a restarted worker group its latest checkpoint and keeps the ones before it
-(``CheckpointConfig(num_to_keep=2)`` in ``run.packing``). A latest checkpoint that is damaged
-(a truncated optimizer file, a share whose save never finished: ``run.ckpt_manifest``) is
+(``CheckpointConfig(num_to_keep=2)`` in ``run.driver.packing``). A latest checkpoint that is damaged
+(a truncated optimizer file, a share whose save never finished: ``run.ckpt_format``) is
 skipped for the one before it, and the run says so: a ``[qkstudy]`` line in the worker log
 and the ``resume_fallback`` tag on its MLflow run (``Recorder.start``). When none is whole
 the run starts fresh, with that said the same way. Every rank takes the same decision: each
@@ -14,12 +14,11 @@ older checkpoints are older runs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.run.ckpt_manifest import verify_share
+from orchestrator.run.ckpt_format import read_state, verify_share
 
 __all__ = ["FALLBACK_KEY", "candidates", "restore_newest_whole"]
 
@@ -51,15 +50,8 @@ def candidates() -> list[Any]:
     return out
 
 
-def _read_state(d: Path, state_file: str) -> tuple[dict | None, str | None]:
-    try:
-        return json.loads((d / state_file).read_text()), None
-    except (OSError, ValueError) as e:
-        return None, f"{state_file} missing or unreadable ({type(e).__name__})"
-
-
 def restore_newest_whole(cands: list[Any], load: Callable[[str], Any], *, run_id: str, data_hash: str | None,
-                         rank: int, state_file: str, any_rank: Callable[[bool], bool],
+                         rank: int, any_rank: Callable[[bool], bool],
                          log: Callable[[str], None], rebuild: Callable[[], None]) -> dict | None:
     """Load the newest checkpoint of ``cands`` (Ray Train checkpoints, newest first) that is
     this run's (``run_id``, and ``data_hash`` when both know it), whole on every rank and
@@ -75,7 +67,7 @@ def restore_newest_whole(cands: list[Any], load: Callable[[str], Any], *, run_id
     dirty = False
     for ckpt in cands:
         with ckpt.as_directory() as d:
-            state, why = _read_state(Path(d), state_file)
+            state, why = read_state(d)
             other = state is not None and (state.get("run_id") != run_id or (
                 data_hash is not None and state.get("data_hash", data_hash) != data_hash))
             if any_rank(other):

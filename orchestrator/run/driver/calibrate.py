@@ -31,10 +31,11 @@ from typing import Any
 
 import ray
 
-from orchestrator.plan.planner import PlanError, resolve_train
+from orchestrator.plan.contract import PlanError
+from orchestrator.plan.planner import resolve_train
 from orchestrator.plan.spec import Study
 from orchestrator.plan.throughput import ThroughputTable, save_calibration
-from orchestrator.run.placement import worker_resources
+from orchestrator.run.driver.placement import worker_resources
 
 DEFAULT_MAX_SPREAD = 0.05  # a few percent: a budget ratio better than that is not measurable here
 

@@ -5,7 +5,7 @@ so the plan's launch order (longest first) is cut into fixed packs of consecutiv
 pack is fixed by the plan, not by what is left to do, so a resubmitted study finds each
 pack's checkpoints under the same Ray Train run name. Under ``protocol: branches`` a trunk and
 its branches are one pack of their own, trunk first (a branch starts from the trunk's
-checkpoints, ``run.branching``), whatever ``runs_per_trainer`` says. ``fit_pack`` is the lightweight Ray
+checkpoints, ``run.worker.branching``), whatever ``runs_per_trainer`` says. ``fit_pack`` is the lightweight Ray
 task that owns one pack's TorchTrainer and reads each run's outcome back from MLflow.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import ray
 
-from orchestrator.plan.planner import RunSpec
-from orchestrator.run.leasing import run_leases
-from orchestrator.run.placement import worker_resources
+from orchestrator.plan.contract import RunSpec
+from orchestrator.run.driver.leasing import run_leases
+from orchestrator.run.driver.placement import worker_resources
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status, set_status
 
 # The controller checks its workers this often; a finished run is noticed at the next check.
@@ -92,7 +92,7 @@ def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str,
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from orchestrator.run.worker import train_loop_per_worker
+    from orchestrator.run.worker.loop import train_loop_per_worker
 
     res = RunSpec.model_validate(items[0]["run"]).resources
     use_gpu = res.gpus_per_worker > 0
@@ -134,7 +134,7 @@ def fit_pack(name: str, items: list[dict], tracking_uri: str, storage_path: str,
              board: str | None) -> dict[str, dict[str, str]]:
     """Owns one pack's TorchTrainer; ``items``: ``pack_items``. Returns {run_id: {status,
     reason}}. Any failure is recorded in MLflow, never raised. Each run's lease is held while
-    the pack trains (``run.leasing``); a run whose lease another live pack holds is not
+    the pack trains (``run.driver.leasing``); a run whose lease another live pack holds is not
     trained here and comes back ``held``, with the holder in its reason."""
     os.environ.setdefault(_HEALTH_CHECK_ENV, _HEALTH_CHECK_S)  # Ray Train hands it to its controller
     with run_leases(items, storage_path) as (mine, held):
@@ -153,7 +153,7 @@ def _fit(name: str, items: list[dict], tracking_uri: str, storage_path: str, boa
         if cause:
             crash += f" (cause: {cause})"
     outcomes = _outcomes(items, tracking_uri, crash)
-    from orchestrator.run.branching import release_branch_points
+    from orchestrator.run.worker.branching import release_branch_points
 
     release_branch_points([RunSpec.model_validate(i["run"]) for i in items], outcomes, storage_path)
     return outcomes

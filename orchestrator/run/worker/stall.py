@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.run.watchdog import STALL_EXIT_CODE, Watchdog, WatchdogLimits, stall_reason
+from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, Watchdog, WatchdogLimits, stall_reason
 from orchestrator.track.tracking import STATUS_FAILED, client_for, set_status
 
 # Fault injection for the resume tests: the worker process dies hard (as a preempted node

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ray
 
-from orchestrator.plan.planner import RunSpec
+from orchestrator.plan.contract import RunSpec
 from orchestrator.plan.spec import ResourcesSpec
 
 

@@ -1,16 +1,18 @@
-"""Runner: the study driver. Schedules a study's runs on Ray, one Ray Train TorchTrainer per
-pack of runs.
+"""Runner: the run executor. Schedules planned runs of one study on Ray, one Ray Train
+TorchTrainer per pack of runs, under the study's lease (``run_runs`` takes it, or runs under
+the one its caller holds). The study protocol above it (``run.driver.study``: ``run_study``, the
+tuned protocol) decides which runs to plan and in which stages; this module never imports it.
 
-Order of work: plan -> data preparation once per corpus as a Ray task (``run.data``) -> MLflow
-experiment and the runs already there -> one lightweight Ray task per pack (``run.packing``:
+Order of work: plan -> data preparation once per corpus as a Ray task (``run.driver.prepare_tasks``) -> MLflow
+experiment and the runs already there -> one lightweight Ray task per pack (``run.driver.packing``:
 one run by default, ``resources.runs_per_trainer`` back to back otherwise) that owns a
 TorchTrainer (workers sized from the spec; Ray places them as resources free up; at most as
-many packs in flight as ``run.placement`` says fit at once) -> live progress from the
-``ProgressBoard`` actor (``run.progress_view`` draws it) -> final states read back from MLflow.
+many packs in flight as ``run.driver.placement`` says fit at once) -> live progress from the
+``ProgressBoard`` actor (``run.progress`` draws it) -> final states read back from MLflow.
 
 Idempotence: a run whose MLflow record (found by its ``run_id`` tag, which covers the corpus's
 content hash) is ``finished`` with the same data hash is skipped; when every run is, the
-driver returns from MLflow alone, before Ray starts (``run.register``). An unfinished one is
+driver returns from MLflow alone, before Ray starts (``run.driver.records``). An unfinished one is
 resumed: same MLflow run, same Ray Train run name (the pack's) and storage path, so Ray
 Train V2 hands the loop its latest checkpoint. Records of runs the plan replaced (other data,
 other configuration) are marked superseded, never resumed. A run whose resources can never
@@ -30,16 +32,12 @@ from typing import Any
 import ray
 from rich.console import Console
 
-from orchestrator.plan.inputs import plan_study
-from orchestrator.plan.planner import RunSpec
-from orchestrator.plan.spec import Study
-from orchestrator.run.data import check_data_fits, find_unigrams, prepare_data, record_unigrams
-from orchestrator.run.leasing import study_lease
-from orchestrator.run.packing import Pack, fit_pack, launch_order, make_packs, pack_items
-from orchestrator.run.placement import alive_nodes, capacity, unschedulable_reason
-from orchestrator.run.progress import board_name, get_board, on_driver_node
-from orchestrator.run.progress_view import StudyProgress
-from orchestrator.run.register import (
+from orchestrator.plan.contract import RunSpec
+from orchestrator.run.driver.leasing import study_lease
+from orchestrator.run.driver.packing import Pack, fit_pack, launch_order, make_packs, pack_items
+from orchestrator.run.driver.placement import alive_nodes, capacity, unschedulable_reason
+from orchestrator.run.driver.prepare_tasks import check_data_fits, find_unigrams, prepare_data, record_unigrams
+from orchestrator.run.driver.records import (
     existing_runs,
     finished_before_ray,
     finished_on,
@@ -48,6 +46,8 @@ from orchestrator.run.register import (
     runs_kind,
     supersede_replaced,
 )
+from orchestrator.run.progress import StudyProgress, board_name, get_board, on_driver_node
+from orchestrator.track.lease import STUDY_LEASE, Lease
 from orchestrator.track.tracking import (
     STATUS_FAILED,
     STATUS_FINISHED,
@@ -55,7 +55,6 @@ from orchestrator.track.tracking import (
     create_run,
     redact_uri,
     set_status,
-    study_tracking_uri,
 )
 
 
@@ -83,59 +82,45 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
     ray.init(address=target, namespace="qkstudy", log_to_driver=verbose,
              configure_logging=verbose, logging_level=logging.INFO if verbose else logging.ERROR)
     if target == "local":  # a kill -9 of this driver would leave two Ray agents running (run.ray_reaper)
-        from orchestrator.run.ray_reaper import start_reaper
+        from orchestrator.run.driver.ray_reaper import start_reaper
 
         start_reaper()
 
 
-def run_study(study: Study, *, address: str | None = None, console: Console | None = None,
-              verbose: bool = False, max_in_flight: int | None = None, wait: bool = False) -> StudyResult:
-    """Train every planned run of ``study`` that is not already finished.
-
-    Args:
-        address: Ray cluster address (else RAY_ADDRESS, else a local Ray).
-        max_in_flight: runs handed to Ray at once (default: as many as the cluster holds at
-            once); Ray decides where each run's workers go.
-        wait: when another driver holds the study's lease, wait for it (``run.leasing``).
-
-    Returns:
-        StudyResult with every run's final state (also in MLflow, which is the record).
-
-    Raises:
-        orchestrator.run.data.CorpusError: see ``run_runs``; also a corpus whose files cannot
-            be read to compute its content hash.
-    """
-    if study.tune is not None:  # tuning runs first, then the main runs at the chosen LRs
-        from orchestrator.run.tuning_stage import run_tuned_study
-
-        return run_tuned_study(study, address=address, console=console, verbose=verbose,
-                               max_in_flight=max_in_flight, wait=wait)
-    return run_runs(plan_study(study), study.name, study_tracking_uri(study),
-                    study.resolved_storage_path, address=address, console=console, verbose=verbose,
-                    max_in_flight=max_in_flight, wait=wait)
-
-
 def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_path: str, *,
              address: str | None = None, console: Console | None = None, verbose: bool = False,
-             max_in_flight: int | None = None, wait: bool = False) -> StudyResult:
-    """Schedule ``runs`` (all of one study) on Ray, holding the study's lease throughout (taken
-    before MLflow is read or Ray starts, released on return); see ``run_study``.
+             max_in_flight: int | None = None, wait: bool = False, lease: Lease | None = None) -> StudyResult:
+    """Schedule ``runs`` (all of one study) on Ray under the study's lease; see
+    ``orchestrator.run.driver.study.run_study`` for the other arguments.
+
+    ``lease``: None (the default) takes the study lease for this call (before MLflow is read or
+    Ray starts, released on return; ``wait`` as in ``run_study``). A caller that runs several
+    stages under one lease (the tuned protocol, ``run.driver.study``) passes the study lease it holds
+    (from ``run.driver.leasing.study_lease`` on ``storage_path``); it is neither taken nor released
+    here, and ``wait`` is unused.
 
     ``qkstudy train RUN.yaml`` calls this with one run: the same code path as a study.
 
     Raises:
-        orchestrator.run.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
-        orchestrator.run.data.CorpusError: a corpus cannot be prepared or cannot feed the runs (nothing is
+        orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
+        orchestrator.run.driver.prepare_tasks.CorpusError: a corpus cannot be prepared or cannot feed the runs (nothing is
             written to MLflow then).
+        ValueError: ``lease`` is not the study lease of ``storage_path``, or is not held (never
+            acquired, or released).
     """
     console = console or Console(stderr=True)
+    if lease is not None:
+        if lease.name != STUDY_LEASE or lease.location != str(storage_path) or not lease.generation:
+            raise ValueError(f"run_runs(lease=...) needs the held study lease of {storage_path!r}, got lease "
+                             f"{lease.name!r} of {lease.location!r} (generation {lease.generation})")
+        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight)
     with study_lease(study_name, storage_path, console, wait=wait):
         return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight)
 
 
 def _run_leased(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_path: str, address: str | None,
                 console: Console, verbose: bool, max_in_flight: int | None) -> StudyResult:
-    """``run_runs`` once the study's lease is held."""
+    """``run_runs`` once the study's lease is held (by this call or by its caller)."""
     t0 = time.time()
     result = StudyResult()
     console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {redact_uri(tracking_uri)}")
@@ -169,7 +154,7 @@ def _register(runs: list[RunSpec], study_name: str, tracking_uri: str, datasets:
               nodes: list[dict[str, float]], result: StudyResult, console: Console) -> list[tuple[RunSpec, str]]:
     """Match each run to its MLflow record: skip the finished ones (same data), report the
     unschedulable ones, queue the rest under their MLflow run (resumed, or created; a record
-    the plan replaced is marked superseded, ``run.register``). Returns [(run, MLflow run id)]
+    the plan replaced is marked superseded, ``run.driver.records``). Returns [(run, MLflow run id)]
     to train."""
     client, exp_id, existing = existing_runs(tracking_uri, study_name, runs_kind(runs))
     supersede_replaced(client, existing, runs, datasets, console)

@@ -13,7 +13,7 @@ so one born after the last poll is found by its session instead: every Ray proce
 command line names the driver's session folder (``/session_<date>_<time>_<driver pid>/``,
 the name Ray gives the session a driver starts). After a normal exit (``ray.shutdown``) nothing is left and
 it ends likewise. Linux only (``/proc``); elsewhere ``start_reaper`` does nothing.
-Run as ``python -m orchestrator.run.ray_reaper DRIVER_PID``.
+Run as ``python -m orchestrator.run.driver.ray_reaper DRIVER_PID``.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from orchestrator.plan.planner import RunSpec
-from orchestrator.run.mfu import device_peak_flops, mfu
+from orchestrator.plan.contract import RunSpec
 from orchestrator.run.progress import report_progress
+from orchestrator.run.worker.mfu import device_peak_flops, mfu
 from orchestrator.track.http_env import apply_http_env
 from orchestrator.track.metric_buffer import MetricBuffer
 from orchestrator.track.tracking import (
@@ -86,17 +86,22 @@ class Recorder:
         peak = device_peak_flops()
         self.peak_flops = peak * devices if peak else None
 
-    def start(self, step: int, fallback: str | None = None, branched: bool = False) -> None:
+    def start(self, step: int, fallback: str | None = None, branched: bool = False,
+              branch_point: str | None = None) -> None:
         """Mark the run running; on a restart (``step`` > 0) count it and say from where;
-        ``fallback`` (``run.resume``: corrupt checkpoints skipped) goes to the
+        ``fallback`` (``run.worker.resume``: corrupt checkpoints skipped) goes to the
         ``resume_fallback`` tag; ``branched``: a branch's first start at its trunk's branch
-        point (``run.branching``), tagged ``branched_at_tokens``, not a restart. The throughput
-        clock starts here."""
+        point (``run.worker.branching``), tagged ``branched_at_tokens``, not a restart;
+        ``branch_point``: how a branch's start checkpoint verified (``run.worker.branching``:
+        verified, or torn and where it restarted from), the ``branch_point`` tag. The
+        throughput clock starts here."""
         if not self.active:
             return
         set_status(self.client, self.mlflow_run_id, STATUS_RUNNING)
         if fallback:
             self.client.set_tag(self.mlflow_run_id, "resume_fallback", fallback[:5000])
+        if branch_point:
+            self.client.set_tag(self.mlflow_run_id, "branch_point", branch_point[:5000])
         if self.data and self.data[2]:
             log_training_data(self.client, self.mlflow_run_id, self.data[0], self.data[1], self.data[2])
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor

@@ -1,10 +1,13 @@
 """The study's and its runs' leases, as the driver and the pack tasks take them.
 
-One driver per study: ``run_runs`` holds the study lease (``track.lease.STUDY_LEASE`` in the
-study's storage) from before Ray starts until it returns, so a second ``qkstudy run`` (or a
-``submit`` while a job runs the study) refuses with exit code 2, naming the holder, or waits
-with ``--wait``. A holder that died on this machine is taken over at once; one elsewhere when
-its heartbeat is older than the lease's ttl (60 s).
+One driver per study: the driver holds the study lease (``track.lease.STUDY_LEASE`` in the
+study's storage) from before Ray starts until the study returns (``runner.run_runs`` takes it
+for its call; the tuned protocol, ``run.driver.study``, takes it once across its tuning and main
+stages and runs both under it), so a second ``qkstudy run`` (or a ``submit`` while a job runs
+the study) refuses with exit code 2, naming the holder, or waits with ``--wait``. A holder
+that died on this machine is taken over at once; one elsewhere when its heartbeat is older
+than the lease's ttl (60 s). The holder's thread heartbeats for as long as it holds the lease,
+so a lease held across stages (and the LR choice between them) stays live.
 
 One trainer per run: each pack task (``packing.fit_pack``) takes every run's lease before its
 worker group starts and skips a run whose lease a live holder has (reported ``held``: another

@@ -1,0 +1,64 @@
+"""What each built-in variant's stages add to standard attention, by arithmetic, torch-free:
+the ``counts`` of its `model.registry` entry. Whole-model counts (the backbone plus these)
+are `model.counts`, above the registry; tests/model/test_registry.py checks these against the
+stages built on the meta device (`Variant.contributions`).
+
+Conventions as `model.counts`: parameters are all non-embedding; FLOPs are forward model
+FLOPs per token at cfg.seq_len (matmuls only, 2 per multiply-add), summed over all layers;
+executed FLOPs (what a fused kernel runs) only where a stage runs more than the definition.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from model.options import CoupledOptions, DynamicsOptions
+
+if TYPE_CHECKING:
+    from model.config import ModelConfig
+
+
+class Contributions(NamedTuple):
+    """What a variant adds to standard attention over the whole model (all layers): parameters
+    (all of them non-embedding) and forward FLOPs per token, model and executed."""
+
+    n_params: int
+    flops_per_token_fwd: int
+    executed_flops_per_token_fwd: int
+
+
+def dynamics_counts(cfg: ModelConfig, o: DynamicsOptions, evaluations: int) -> Contributions:
+    """f (head_dim -> hidden -> head_dim, weights and biases, one per layer or per head) and
+    one dt per head, per layer; each evaluation of f costs 2 (2 head_dim hidden) per head."""
+    hd, H = cfg.head_dim, cfg.n_head
+    hidden = o.coupling_hidden or hd
+    groups = 1 if o.coupling_sharing == "layer" else H
+    params = groups * (2 * hd * hidden + hidden + hd) + H
+    flops = evaluations * H * 2 * (2 * hd * hidden)
+    return Contributions(cfg.n_layer * params, cfg.n_layer * flops, cfg.n_layer * flops)
+
+
+def coupled_counts(cfg: ModelConfig) -> Contributions:
+    """Coupled QK dynamics (`model.coupled.CoupledQK`): n_steps evaluations of f (Euler) or
+    n_steps + 1 (leapfrog reuses the last evaluation as the next first half-kick)."""
+    o = CoupledOptions(**cfg.options)
+    return dynamics_counts(cfg, o, o.n_steps + 1 if o.integrator == "leapfrog" else o.n_steps)
+
+
+def uncoupled_counts(cfg: ModelConfig) -> Contributions:
+    """The uncoupled control (`model.coupled.UncoupledQK`): n_steps evaluations of f."""
+    o = DynamicsOptions(**cfg.options)
+    return dynamics_counts(cfg, o, o.n_steps)
+
+
+def differential_counts(cfg: ModelConfig) -> Contributions:
+    """Differential scoring (`model.scoring.DifferentialScoring`): four lambda vectors of
+    head_dim and the sub-layer RMSNorm weight of 2 head_dim per layer; model FLOPs as standard,
+    the fused form executes AV at 4Td instead of 2Td (executed only, never in budgets)."""
+    L = cfg.n_layer
+    return Contributions(L * 6 * cfg.head_dim, 0, L * 2 * cfg.seq_len * cfg.d_model)
+
+
+def coupled_differential_counts(cfg: ModelConfig) -> Contributions:
+    """Coupled dynamics, then differential scoring: the sum of both stages' counts."""
+    a, b = coupled_counts(cfg), differential_counts(cfg)
+    return Contributions(*(x + y for x, y in zip(a, b)))

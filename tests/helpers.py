@@ -1,0 +1,124 @@
+"""Helpers the test files share: the CLI as a user runs it, a driver's environment, the tiny
+spec every training test starts from, and MLflow reads ("every step once, none lost").
+
+Fixtures live in ``tests/fixtures/``; this module holds plain functions and constants only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from mlflow.tracking import MlflowClient
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+QKSTUDY = BIN / "qkstudy"
+TPS = 8 * 64  # tokens per optimizer step of TINY_SPEC (global batch 8 x seq_len 64)
+
+# The smallest study that trains for real: cpu-xs on 60 stdlib files, BPE 512, 8 x 64 tokens a
+# step, 20 steps. Tests override what they vary (``tiny_spec(name, **over)``).
+TINY_SPEC = {"corpus": {"source": "stdlib", "max_documents": 60}, "tokenizer": {"vocab_size": 512}, "scales": ["cpu-xs"],
+             "variants": ["standard"], "budget": {"mode": "tokens", "tokens": 20 * TPS},
+             "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 1},
+             "eval": {"num_evals": 2, "max_windows": 4, "final_max_windows": 8, "diagnostics": False}}
+
+
+def tiny_spec(name: str, **over) -> dict:
+    """``TINY_SPEC`` named ``name`` with top-level keys replaced by ``over``."""
+    return {**TINY_SPEC, "name": name, **over}
+
+
+def driver_env(**extra: str) -> dict[str, str]:
+    """This environment for a `qkstudy` child that starts its own local Ray (no RAY_ADDRESS)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return {**env, **extra}
+
+
+def qk(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run ``qkstudy ARGS`` in ``cwd`` as a user would (a child process); output captured as text."""
+    return subprocess.run([str(QKSTUDY), *args], cwd=cwd, env=driver_env() if env is None else env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_spec(d: Path, name: str, **over) -> Path:
+    """``tiny_spec(name, **over)`` written to ``d/NAME.yaml`` (``d`` created); its path."""
+    d.mkdir(parents=True, exist_ok=True)
+    f = d / f"{name}.yaml"
+    f.write_text(yaml.safe_dump(tiny_spec(name, **over)))
+    return f
+
+
+def plan_json(spec: Path) -> list[dict]:
+    """``qkstudy plan SPEC --json`` run from the spec's folder: one dict per planned run."""
+    out = qk("plan", spec.name, "--json", cwd=spec.parent, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def start_driver(spec: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+    """Start ``qkstudy run SPEC ARGS`` from the spec's folder, in a session of its own (so
+    ``reap_driver`` ends whatever it started), stdout and stderr piped as text."""
+    return subprocess.Popen([str(QKSTUDY), "run", spec.name, *args], cwd=spec.parent, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish_driver(p: subprocess.Popen, timeout: float = 900) -> str:
+    """Wait for a driver; its stderr. A driver past ``timeout`` (s) is killed with its session and
+    AssertionError raised with the tail of its output."""
+    try:
+        _, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        _, err = p.communicate()
+        raise AssertionError(f"driver timed out: {err[-3000:]}") from None
+    return err
+
+
+def reap_driver(p: subprocess.Popen) -> None:
+    """End whatever a (killed) driver's session left behind, such as a Ray it started."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def sqlite_client(d: Path, study: str) -> MlflowClient:
+    """The client of the embedded store of ``study`` run from folder ``d`` (runs/STUDY/mlflow.db)."""
+    return MlflowClient(f"sqlite:///{d / 'runs' / study / 'mlflow.db'}")
+
+
+def study_runs(d: Path, study: str) -> tuple[MlflowClient, dict[str, object]]:
+    """The client of ``study``'s embedded store in ``d`` and its train runs by run_id tag."""
+    c = sqlite_client(d, study)
+    return c, train_runs(c, study)
+
+
+def train_runs(client: MlflowClient, study: str, kind: str = "train") -> dict[str, object]:
+    """run_id tag -> MLflow run of ``study``'s runs of ``kind`` (train, tune, report, superseded)."""
+    exp = client.get_experiment_by_name(study)
+    return {r.data.tags["run_id"]: r for r in client.search_runs([exp.experiment_id], f"tags.`qkstudy.kind` = '{kind}'")}
+
+
+def steps(client: MlflowClient, mlflow_id: str, key: str = "train/loss") -> list[int]:
+    """The MLflow steps (tokens seen) at which ``key`` was logged, in logged order."""
+    return [m.step for m in client.get_metric_history(mlflow_id, key)]
+
+
+def history(client: MlflowClient, mlflow_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of every point of ``key``."""
+    return [(m.step, m.value) for m in client.get_metric_history(mlflow_id, key)]
+
+
+def assert_every_step_once(logged: list[int], n_steps: int, tps: int = TPS) -> None:
+    """``logged`` (steps in tokens) is each optimizer step 1..n_steps exactly once: none twice,
+    none lost. Raises AssertionError naming the repeated and the missing ones."""
+    expected = [tps * i for i in range(1, n_steps + 1)]
+    repeated = sorted({s for s in logged if logged.count(s) > 1})
+    missing = sorted(set(expected) - set(logged))
+    assert logged == expected, f"repeated {repeated}, missing {missing}, extra {sorted(set(logged) - set(expected))}"
