@@ -63,20 +63,20 @@ test: install
 	  $(BIN)/python -m tests.tier_summary $(TIERDIR); exit $$rc
 
 bench: install
-	$(BIN)/python -m model.bench
-	$(BIN)/python -m model.profile_step --preset cpu-s --variant coupled --threads 1
-	$(BIN)/python -m data_pipeline.bench
-	$(BIN)/python -m orchestrator.report.bench
-	$(BIN)/python -m orchestrator.bench --training --startup
-	$(BIN)/python -m orchestrator.bench --cli
-	$(BIN)/python -m orchestrator.bench_steps
+	$(BIN)/python -m benchmarks.model_steps
+	$(BIN)/python -m benchmarks.profile_step --preset cpu-s --variant coupled --threads 1
+	$(BIN)/python -m benchmarks.prepare
+	$(BIN)/python -m benchmarks.report
+	$(BIN)/python -m benchmarks.training --training --startup
+	$(BIN)/python -m benchmarks.cli_latency
+	$(BIN)/python -m benchmarks.bare_steps
 
 clean:
 	rm -rf runs .pytest_cache
 
 lint: install
 	$(BIN)/python -m pip install -q -c $(LOCK) -r requirements-lint.txt
-	$(BIN)/ruff check model data_pipeline orchestrator tests
+	$(BIN)/ruff check model data_pipeline orchestrator tests benchmarks
 	$(BIN)/mypy
 
 # The lock from the venv `make test` passed in (torch without its +cpu/+cuXXX build tag).
@@ -117,7 +117,7 @@ wheelhouse: install build/wheelhouse/constraints.txt $(TRAIN_WHEELS)/constraints
 
 # One image build at a time (a flock held across the base image, the wheelhouse and the three
 # builds): a second `make images` or `make stack-up` waits for the first, then finds the cache
-# warm. .ci/run starts one in the background while the unit tests run (tests/conftest.py: the
+# warm. .ci/run starts one in the background while the unit tests run (tests/fixtures/tiers.py: the
 # slow tests wait for it to end; the stack test runs last).
 IMAGES_LOCK ?= build/images.lock
 images:

@@ -9,7 +9,7 @@ included, goes through ``orchestrator.track.tracking.redact_uri``.
 
 A command imports what it needs when it runs, nothing at module level: ``qkstudy validate``
 should answer at once, and torch, MLflow, Ray and pandas each take a second or several to
-import (``python -m orchestrator.bench --cli`` measures the commands; ``test_cli_imports``
+import (``python -m benchmarks.cli_latency`` measures the commands; ``test_cli_imports``
 checks which heavy modules the light ones load).
 """
 
@@ -114,7 +114,7 @@ def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
         from orchestrator.plan.tune_plan import tuning_summary
 
         out.print(tuning_summary(s, runs))
-    if s.extend:  # the reference's compute under either protocol (issue 15: branches vs independent)
+    if s.extend:  # the reference's compute under either protocol (branches or independent runs)
         from orchestrator.plan.branch_runs import reference_compute
 
         out.print(reference_compute(s, runs))

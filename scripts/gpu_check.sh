@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU numbers BENCHMARKS.md needs (issue 18, goal 4), in one short script:
-#   1. model.bench at 60m and 150m: standard, coupled (the default QK implementation: compiled
+# The GPU numbers BENCHMARKS.md needs, in one short script:
+#   1. benchmarks.model_steps at 60m and 150m: standard, coupled (the default QK implementation: compiled
 #      on CUDA) and coupled:impl=eager, bf16 autocast, flash SDPA only; tokens/s, MFU against
 #      the device's peak (orchestrator/run/worker/mfu.py), coupled/standard ratio (goal <= 1.05),
 #      step memory. Tables go to $OUT/BENCHMARKS.gpu.md (append them to BENCHMARKS.md).
@@ -18,7 +18,7 @@ OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
 
 if [[ "${1:-}" == "--dry-run" ]]; then
-    "$PY" -m model.bench --dry-run
+    "$PY" -m benchmarks.model_steps --dry-run
     "$PY" -m orchestrator.cli validate jobs/gpu-smoke.yaml
     exit 0
 fi
@@ -26,7 +26,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 PEAK=$("$PY" -c "from orchestrator.run.worker.mfu import device_peak_flops as p; v = p(); print(v / 1e12 if v else '')")
 echo "peak bf16 TFLOP/s: ${PEAK:-unknown (no MFU column)}"
-BENCH=(-m model.bench --device cuda --variants standard coupled coupled:impl=eager --vocab-size 32000
+BENCH=(-m benchmarks.model_steps --device cuda --variants standard coupled coupled:impl=eager --vocab-size 32000
        --sdpa flash --repeats 10 --steps 5 --warmup 3 --out "$OUT/BENCHMARKS.gpu.md" ${PEAK:+--peak-tflops "$PEAK"})
 "$PY" "${BENCH[@]}" --preset 60m --batch-size 32
 "$PY" "${BENCH[@]}" --preset 150m --batch-size 16

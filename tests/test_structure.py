@@ -3,7 +3,8 @@
 Stages, lowest first: ``model`` and ``data_pipeline`` (no orchestrator, Ray, DeepSpeed or
 MLflow), ``orchestrator.plan`` (pure: spec -> runs), ``orchestrator.track`` (MLflow
 conventions), then ``orchestrator.run`` and ``orchestrator.report`` (neither imports the other),
-and the front doors (``cli*.py``, ``bench.py``) on top. Lazy imports inside functions count:
+and the front doors (``cli*.py``) on top; no product module imports ``benchmarks`` or
+``tests`` (which import the product, never the other way round). Lazy imports inside functions count:
 they are imports all the same, for the stages and for circles (two modules that import each
 other, one of them lazily, are still one concept split in two). Imports under
 ``if TYPE_CHECKING:`` never run: they close no circle, and the one type-only two-way pair the
@@ -111,6 +112,17 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
     return bad
 
 
+# Folders beside the product that import it: the benchmarks (`make bench`) and the tests' oracles.
+NOT_PRODUCT = ("benchmarks", "tests")
+
+
+def non_product_imports(source: str, module: str, is_package: bool = False) -> list[str]:
+    """The imports of ``benchmarks`` or ``tests`` in ``module`` (its ``source``), from every
+    stage, the front doors included, inside functions and under ``if TYPE_CHECKING:`` too."""
+    return [f"{module} imports {name}" for name, _ in imported_modules(source, module, is_package, type_checking=True)
+            if name.split(".")[0] in NOT_PRODUCT]
+
+
 def product_modules() -> dict[str, tuple[str, bool]]:
     """Dotted name -> (source, is a package __init__) for every product module."""
     mods = {}
@@ -213,6 +225,28 @@ def test_allowed_imports_pass():
                       "orchestrator.track.status") == []
 
 
+def test_no_product_module_imports_benchmarks_or_tests():
+    bad = [v for name, (src, pkg) in product_modules().items() for v in non_product_imports(src, name, pkg)]
+    assert bad == []
+
+
+@pytest.mark.parametrize("module,source", [
+    ("orchestrator.run.driver.calibrate", "def f():\n    from benchmarks.model_steps import run_bench\n"),
+    ("orchestrator.cli", "import benchmarks.cli_latency\n"),
+    ("model.timing", "from benchmarks import record\n"),
+    ("orchestrator.report.build", "from tests.synthetic_study import SyntheticStudy\n"),
+    ("data_pipeline.build", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tests.helpers import TPS\n"),
+])
+def test_a_product_import_of_benchmarks_or_tests_is_caught(module, source):
+    """Negative controls: a lazy, a front door's, a package's, a test oracle's and a type-only import."""
+    assert len(non_product_imports(source, module)) == 1
+
+
+def test_the_benchmarks_importing_the_product_pass():
+    assert non_product_imports("from model.timing import tokens_per_second\nimport testsuite\n",
+                               "orchestrator.run.driver.calibrate") == []
+
+
 def test_no_import_circle():
     """No two product modules import each other, directly or round a longer circle, at import
     time or inside a function."""
@@ -228,7 +262,7 @@ def test_the_only_type_only_pair_is_the_named_one():
 
 
 @pytest.mark.parametrize("mods", [
-    # the planner <-> calibrate circle this layout removed
+    # the planner <-> calibrate circle: the planner takes the throughput table as an argument
     {"orchestrator.plan.planner": ("from orchestrator.run.driver.calibrate import x\n", False),
      "orchestrator.run.driver.calibrate": ("from orchestrator.plan.planner import resolve_train\n", False)},
     # relative imports, as data_pipeline writes them, one of them in a try block

@@ -19,8 +19,9 @@ end before the earliest branch point. Step counts: S_m = round(m x D_1 / tokens_
 (the planner's rounding, D_1 the x1 budget in tokens); decay_m = max(1, round(f x S_m)) (the
 schedule's); branch point b_m = S_m - decay_m; trunk = max b_m steps.
 
-Pure: no Ray, no MLflow. plan/ may not import run/, so the WSD formula is restated here
-(`Branch.lr_multiplier`), guarded by the every-step equality test against ``optim``.
+Pure: no Ray, no MLflow. The LR itself is the worker's (``optim.lr_multiplier`` of the
+branch's own budget); this module plans only the step counts, and ``test_branches`` checks
+that a trunk followed by its cooldown, step for step, has that LR.
 """
 
 from __future__ import annotations
@@ -68,39 +69,6 @@ class Branch:
     min_lr_ratio: float
     tokens_per_step: int
 
-    @property
-    def total_tokens(self) -> int:
-        """Tokens of the whole run (trunk part + cooldown)."""
-        return self.total_steps * self.tokens_per_step
-
-    @property
-    def branch_tokens(self) -> int:
-        """Tokens seen at the branch point (the trunk checkpoint's token count)."""
-        return self.branch_step * self.tokens_per_step
-
-    @property
-    def decay_tokens(self) -> int:
-        """Tokens the branch itself trains (its cooldown)."""
-        return self.decay_steps * self.tokens_per_step
-
-    def lr_multiplier(self, step: int) -> float:
-        """LR multiplier (of the peak) before optimizer step ``step`` (0-based) of this run:
-        linear warmup (step + 1) / warmup_steps, then 1.0 on the trunk, then linear decay to
-        min_lr_ratio at the last step, the same expressions as ``optim.lr_multiplier``'s wsd.
-        Raises ValueError outside [0, total_steps)."""
-        if not 0 <= step < self.total_steps:
-            raise ValueError(f"step {step} is outside the run's [0, {self.total_steps})")
-        if self.warmup_steps > 0 and step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        if step < self.branch_step:
-            return 1.0
-        return 1.0 - (1 - self.min_lr_ratio) * min(1.0, (step - self.branch_step + 1) / self.decay_steps)
-
-    def lr_multiplier_at_tokens(self, tokens: int) -> float:
-        """The multiplier applied to the step that trains on tokens [tokens, tokens + 1)
-        counted from token 0 (MLflow's step axis): step = tokens // tokens_per_step."""
-        return self.lr_multiplier(tokens // self.tokens_per_step)
-
 
 @dataclass(frozen=True)
 class BranchPlan:
@@ -117,11 +85,6 @@ class BranchPlan:
     branches: tuple[Branch, ...]
 
     @property
-    def checkpoint_steps(self) -> list[int]:
-        """Trunk steps whose checkpoints the branches start from (kept until they finish)."""
-        return sorted({b.branch_step for b in self.branches})
-
-    @property
     def branched_steps(self) -> int:
         """Steps the branched protocol trains: the trunk plus every cooldown."""
         return self.trunk_steps + sum(b.decay_steps for b in self.branches)
@@ -130,16 +93,6 @@ class BranchPlan:
     def independent_steps(self) -> int:
         """Steps the independent protocol trains for the same budgets: their sum."""
         return sum(b.total_steps for b in self.branches)
-
-    @property
-    def compute_ratio(self) -> float:
-        """Reference compute, branched / independent (FLOPs and tokens alike)."""
-        return self.branched_steps / self.independent_steps
-
-    def reference_flops(self, flops_per_token: int) -> tuple[int, int]:
-        """(branched, independent) reference training FLOPs at ``flops_per_token`` (3 x forward)."""
-        per_step = self.tokens_per_step * flops_per_token
-        return self.branched_steps * per_step, self.independent_steps * per_step
 
 
 def plan_branches(reference_tokens: float, extend: Sequence[float], tokens_per_step: int, *,

@@ -21,7 +21,7 @@ TABLE = "time_split"
 SECTIONS = ("startup", "step", "eval", "checkpoint")
 KEYS = {"elapsed": "time/elapsed_s", **{s: f"time/{s}_s" for s in SECTIONS}}
 COLUMNS = ["variant", "runs", "elapsed_s", *(f"{s}_s" for s in SECTIONS), "other_s", "outside_steps"]
-GOAL = 0.05  # issue 18: at most 5% of wall-clock outside optimizer steps
+GOAL = 0.05  # at most 5% of a run's wall-clock outside optimizer steps (BENCHMARKS.md)
 NOT_RECORDED = "time split not recorded"
 
 

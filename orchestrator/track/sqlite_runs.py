@@ -2,7 +2,7 @@
 
 Why: ``qkstudy status`` of the embedded store needs each run's tags, params and latest
 metrics, and importing MLflow's client (about 1.1 s) plus opening its SQLAlchemy store (about
-0.6 s, BENCHMARKS.md, issue 18 goal 5) cost more than the whole command may. The report reads
+0.6 s, BENCHMARKS.md, the CLI-latency goal) cost more than the whole command may. The report reads
 the same tables in bulk (``orchestrator.report.query``, "SQL path"); this reader is its
 row-sized counterpart: ``runs``, ``tags``, ``params`` and ``latest_metrics`` of MLflow 3's
 schema, read-only. It returns what ``tracking.find_train_runs`` returns through the client

@@ -1,15 +1,8 @@
 import pytest
-import torch
 
-from model.bench import StepOptions, append_markdown, main, parse_variant, run_bench
-
-
-def test_parse_variant():
-    assert parse_variant("standard") == ("standard", {})
-    assert parse_variant("coupled:integrator=leapfrog,n_steps=2,dt_init=0.5,coupling_hidden=None") == (
-        "coupled", {"integrator": "leapfrog", "n_steps": 2, "dt_init": 0.5, "coupling_hidden": None})
-    with pytest.raises(ValueError, match="not key=value"):
-        parse_variant("coupled:leapfrog")
+from benchmarks.model_steps import main, run_bench
+from benchmarks.record import append_markdown
+from model.timing import StepOptions
 
 
 def test_run_bench_reports_ratios_against_standard():
@@ -33,8 +26,8 @@ def test_main_appends_a_dated_table(tmp_path, capsys):
             "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--vocab-size", "64", "--out", str(out)]
     assert main(args) == 0
     text = out.read_text()
-    assert text.startswith("# Benchmarks\n\nearlier section\n\n## model.bench: preset cpu-xs, ")
-    assert "| uncoupled_mlp |" in text and "Command: `python -m model.bench --preset cpu-xs" in text
+    assert text.startswith("# Benchmarks\n\nearlier section\n\n## benchmarks.model_steps: preset cpu-xs, ")
+    assert "| uncoupled_mlp |" in text and "Command: `python -m benchmarks.model_steps --preset cpu-xs" in text
     assert list(tmp_path.iterdir()) == [out]  # no temp file left behind
     assert main([*args[:-2], "--no-append", "--out", str(out), "--variants", "nope"]) == 2
     assert "unknown variant 'nope'" in capsys.readouterr().err
@@ -60,14 +53,7 @@ def test_spec_impl_overrides_the_default_and_is_validated():
         run_bench("cpu-xs", ["coupled:impl=cuda"], 1, 1, 1, 64, 16, "cpu", None)
 
 
-def test_step_options_enter_autocast_and_the_flash_backend():
-    with StepOptions(amp="bf16", sdpa="flash").context("cpu"):
-        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        assert not torch.backends.cuda.math_sdp_enabled()  # only the flash backend is allowed
-    with StepOptions().context("cpu"):  # auto: no autocast off CUDA, every backend
-        assert not torch.is_autocast_enabled("cpu") and torch.backends.cuda.math_sdp_enabled()
-
-
+@pytest.mark.slow  # compiles the model (torch.compile): most of a minute on 2 cores
 def test_dry_run_runs_the_gpu_path_on_cpu(tmp_path, capsys):
     """--dry-run: bf16 autocast, flash SDPA, compiled coupled transform, MFU column, at tiny
     CPU shapes; prints the table and appends nothing."""

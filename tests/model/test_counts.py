@@ -1,6 +1,6 @@
 """The torch-free counts (`model.counts.count_model`, what the planner uses) equal the counts
 of the built torch model (`model.counts.count_instantiated`) for every preset, every variant and
-the options that change them, and importing them loads no torch (issue 18)."""
+the options that change them, and importing them loads no torch (the light CLI commands rely on it)."""
 
 import itertools
 import subprocess

@@ -1,4 +1,4 @@
-"""model.profile_step: where a variant's extra step time goes. The attribution is checked on
+"""benchmarks.profile_step: where a variant's extra step time goes. The attribution is checked on
 synthetic operator times with a known gap, and on real profiles: the operators only the
 coupled variant runs are its QK transform's (its integrator's autograd Function, SiLU), and
 standard's attention and matmuls appear on both sides; the uncoupled MLP, whose transform has
@@ -6,7 +6,7 @@ no integrator, shows no Euler operator (the negative control)."""
 
 import pytest
 
-from model.profile_step import OpTime, format_gap, main, median_per_op, profile_gap
+from benchmarks.profile_step import OpTime, format_gap, main, median_per_op, profile_gap
 
 
 def test_format_gap_attributes_a_known_gap():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.bench_steps import bench_study, run_bare, run_stack
+from benchmarks.bare_steps import bench_study, run_bare, run_stack
 from orchestrator.track.tracking import default_tracking_uri
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """The light commands answer without importing the heavy stack: which modules a fresh
-``qkstudy`` process loads (no timing here: `python -m orchestrator.bench --cli` measures it)."""
+``qkstudy`` process loads (no timing here: `python -m benchmarks.cli_latency` measures it)."""
 
 import importlib
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.bench import HEAVY, cli_heavy_modules
+from benchmarks.cli_latency import HEAVY, cli_heavy_modules
 from orchestrator.cli_errors import INPUT_ERRORS
 
 DEMO = str(Path(__file__).resolve().parents[2] / "jobs" / "cpu-demo.yaml")

@@ -1,6 +1,6 @@
 """README.md names only what the CLI has: every `qkstudy <command> ... --option` it shows (the
-Commands table, "On a cluster") is a command and an option of `qkstudy` (issue 16: the README
-documented a `submit --image` the CLI had dropped), and its layout table has every top-level
+Commands table, "On a cluster") is a command and an option of `qkstudy` (a documented option the CLI lacks
+misleads every reader), and its layout table has every top-level
 folder the repository ships."""
 
 import re

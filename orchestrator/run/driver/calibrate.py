@@ -3,9 +3,9 @@
 ``wallclock`` budgets and the device-hour estimate of ``qkstudy plan`` need each variant's
 throughput on the target hardware. Calibration is one Ray task sized like one of the run's
 workers (so it lands on a GPU node when the runs do, and nothing else of the calibration
-shares its node), timing ``model.bench`` optimizer steps. Repeats are interleaved across
+shares its node), timing ``model.timing`` optimizer steps. Repeats are interleaved across
 (scale, variant): each repeat times every scale once (the scales' order rotates from repeat
-to repeat) and, within a scale, every variant once (``model.bench`` times ``standard``
+to repeat) and, within a scale, every variant once (``model.timing`` times ``standard``
 first, then the others, whose order rotates too), so a change of machine load hits every
 entry alike instead of one scale or variant. An entry's value is the median tokens/s over
 its repeats, scaled by the worker count (data parallel; ignores communication, so an upper
@@ -129,7 +129,7 @@ def judge(cal: Calibration, max_spread: float = DEFAULT_MAX_SPREAD, allow_noisy:
 
 
 def _variant_spec(kind: str, options: dict[str, Any]) -> str:
-    """model.bench's NAME:opt=value,... form of a variant."""
+    """model.timing's NAME:opt=value,... form of a variant."""
     return kind if not options else kind + ":" + ",".join(f"{k}={v}" for k, v in options.items())
 
 
@@ -161,7 +161,7 @@ def _bench_all(scales: list[tuple[str, int, int]], specs: list[str], repeats: in
 
     import torch
 
-    from model.bench import run_bench
+    from model.timing import tokens_per_second
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     load_avg, cpus = os.getloadavg()[0], len(os.sched_getaffinity(0))
@@ -170,8 +170,7 @@ def _bench_all(scales: list[tuple[str, int, int]], specs: list[str], repeats: in
         for j in range(len(scales)):
             scale, batch, seq_len = scales[(j + r) % len(scales)]
             order = specs[r % len(specs):] + specs[:r % len(specs)]
-            by_spec = {b.spec: b.tokens_per_s for b in run_bench(scale, order, 1, steps, batch, vocab, seq_len, device,
-                                                                None, warmup=1)}
+            by_spec = tokens_per_second(scale, order, steps, batch, vocab, seq_len, device, warmup=1)
             for i, s in enumerate(specs):
                 samples[scale][i].append(by_spec[s])
     return {"samples": samples, "load_avg": load_avg, "cpus": cpus}

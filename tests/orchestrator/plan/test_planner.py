@@ -109,7 +109,7 @@ def test_several_corpora_plan_each_with_its_own_identity():
 
 
 def test_bench_study_plans_200_runs():
-    from orchestrator.bench import STUDY
+    from benchmarks.training import STUDY
 
     runs = plan(parse_spec(STUDY))
     assert len(runs) == 200

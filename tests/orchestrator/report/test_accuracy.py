@@ -8,7 +8,7 @@ import pytest
 from mlflow import MlflowClient
 
 from orchestrator.report import build_report
-from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
+from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
 MQAR = SyntheticStudy(study="mqar-acc", variants={"standard": 1.0, "coupled": 1.5}, scales={"xs": 2e6, "s": 8e6},
                       seeds=(0, 1, 2), extend=(2.0,), n_eval=6, accuracy={"standard": 0.62, "coupled": 0.97},

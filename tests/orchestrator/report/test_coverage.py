@@ -1,7 +1,7 @@
 """Coverage of the token ratio's 95% interval at realistic seed noise (the simulation its
 docstring cites; orchestrator/report/interval.py).
 
-Each repetition draws fresh synthetic finals with a known ratio (orchestrator.report.synthetic:
+Each repetition draws fresh synthetic finals with a known ratio (tests.synthetic_study:
 finals_frame, the same law and noise model as the stores the other tests write) and runs the
 real token_ratio code path. Seed noise: std of final loss 0.03 and 0.1 nats per run (the CPU
 study's is 0.05 to 0.1), half of its variance shared by the runs of one seed (same data order
@@ -18,7 +18,7 @@ import pytest
 from orchestrator.report.interval import COVERAGE
 from orchestrator.report.ratio import token_ratio
 from orchestrator.report.solve import solve_tokens_batch
-from orchestrator.report.synthetic import SyntheticStudy, finals_frame
+from tests.synthetic_study import SyntheticStudy, finals_frame
 
 pytestmark = pytest.mark.slow
 

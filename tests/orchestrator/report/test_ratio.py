@@ -74,7 +74,7 @@ def test_crossover_scale_where_advantage_reaches_zero():
 
 def _finals(study, scale, rng):
     """Per-run finals of one scale of a synthetic study, as curves.run_finals would give them."""
-    from orchestrator.report.synthetic import finals_frame
+    from tests.synthetic_study import finals_frame
 
     return finals_frame(study, rng, scales=[scale])
 
@@ -82,7 +82,7 @@ def _finals(study, scale, rng):
 def test_interval_covers_truth_at_nominal_rate_with_three_seeds():
     """The quick check; the coverage simulation at realistic noise is test_coverage.py."""
     from orchestrator.report.ratio import token_ratio
-    from orchestrator.report.synthetic import SyntheticStudy
+    from tests.synthetic_study import SyntheticStudy
 
     study = SyntheticStudy(scales={"xs": 2e6}, seeds=(0, 1, 2))
     hits = []
@@ -99,7 +99,7 @@ def test_interval_ends_carry_the_side_they_are_censored_on():
     length, so the set lies below the range and both ends are upper bounds ('<'), never '>'
     (the reference's longest run reached it easily)."""
     from orchestrator.report.ratio import token_ratio
-    from orchestrator.report.synthetic import SyntheticStudy
+    from tests.synthetic_study import SyntheticStudy
 
     study = SyntheticStudy(scales={"xs": 2e6}, seeds=(0, 1, 2), variants={"standard": 1.0, "worse": 0.5})
     rng = np.random.default_rng(0)

@@ -163,7 +163,7 @@ def test_study_where_every_run_failed_still_reports_them(synthetic_store, tmp_pa
 
 
 def test_paper_numbers_printed_beside_matching_scales(synthetic_store, tmp_path):
-    from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
+    from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
     spec = SyntheticStudy(study="paper-scales", scales={"cpu-xs": 6e5, "60m": 2.5e7}, seeds=(0, 1), extend=(3.0,), n_eval=5)
     write_synthetic_study(spec, synthetic_store)
@@ -177,7 +177,7 @@ def test_paper_numbers_printed_beside_matching_scales(synthetic_store, tmp_path)
 def test_two_corpora_are_reported_separately(synthetic_store, tmp_path):
     """Scales are never pooled across corpora: each corpus gets its own ratio."""
     from orchestrator.report import build_report
-    from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
+    from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
     common = dict(study="two-corpora", scales={"xs": 2e6}, seeds=(0, 1, 2), extend=(1.5, 2.0, 3.0), n_eval=8)
     write_synthetic_study(SyntheticStudy(corpus="code", variants={"standard": 1.0, "coupled": 2.4}, **common), synthetic_store)
@@ -196,7 +196,7 @@ def test_two_corpora_are_reported_separately(synthetic_store, tmp_path):
 
 def test_cost_and_attention_tables_pair_runs_by_seed(main_report):
     """Synthetic non-reference variants run 1.1x slower per token on the same tokens and end
-    with effective rank 35 against the reference's 30 (orchestrator.report.synthetic)."""
+    with effective rank 35 against the reference's 30 (tests.synthetic_study)."""
     summary, out = main_report
     for s in summary["scales"]:
         assert s["time_per_token_ratio"]["standard"] == pytest.approx(1.0)

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from orchestrator.report import build_report
-from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
 from orchestrator.track.tracking import set_unigram_tags
 from tests.fixtures.synthetic import ONE_SEED
+from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
 UNIGRAM = {"code": 812.5, "web": 1.25}  # web: below every final, so every arm is above half of it
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.report import ReportError, build_report, export_study
-from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
 from tests.fixtures.synthetic import FIVE_SCALES, MAIN, ONE_SEED
+from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
 # One variant only, and its single run failed half-way: no finished run anywhere.
 ONLY_FAILED = SyntheticStudy(

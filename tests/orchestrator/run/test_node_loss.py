@@ -1,4 +1,4 @@
-"""A worker node lost mid-run (issue 17, item 4), on a real loopback Ray cluster: the head has
+"""A worker node lost mid-run, on a real loopback Ray cluster: the head has
 no CPUs, so the run's Ray Train workers can only land on the worker node; that node is
 SIGKILLed (every one of its processes at once, as a lost machine) right after the run's first
 registered checkpoint, and a fresh node joins as an autoscaler would bring one. The study's

@@ -41,7 +41,7 @@ def test_a_run_sets_the_unigram_tag(tiny_study):
 
 
 def test_a_finished_rerun_sets_it_again_from_the_prepared_data(tiny_study_copy):
-    """A store and data from before this feature: no tag, no manifest entry. The re-run of the
+    """A store and data without the unigram tag and manifest entry (as older stores are). The re-run of the
     finished study skips Ray and still records it, counted from the shards; with its data gone
     (cache cleared) the re-run says so and still succeeds."""
     study = tiny_study_copy

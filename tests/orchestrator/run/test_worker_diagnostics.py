@@ -1,4 +1,4 @@
-"""The attention diagnostics a run logs (issue 14, item 9), through real Ray Train workers and
+"""The attention diagnostics a run logs, through real Ray Train workers and
 real DeepSpeed engines on CPU: a fixed probe of 16 validation windows, and under ZeRO-3 (every
 parameter partitioned over 2 workers, the differential lambdas gathered) the same numbers as
 ZeRO-0 at the same seed and step. Before the fix the probe held 2 windows (this test fails

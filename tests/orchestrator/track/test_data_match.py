@@ -1,5 +1,5 @@
 """`qkstudy status` / `qkstudy report` given a spec whose local data is not the data the study's
-runs were trained on (issue 16): runs are matched by the content hash MLflow records, and the
+runs were trained on: runs are matched by the content hash MLflow records, and the
 command says the data differs, naming both hashes. A real SQLite MLflow store, its runs
 created by the product's own helpers (``tracking.create_run``, ``register.run_params``)."""
 

@@ -19,8 +19,8 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
 from orchestrator.track.tracking import REDACTED, redact_uri
+from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
 # --------------------------------------------------------------------------- redact_uri
 

@@ -1,11 +1,11 @@
 """Benchmark: report a 1,000-run study with 200 eval points per run from a SQLite MLflow store.
 
-    python -m orchestrator.report.bench [--cache DIR] [--no-append]
+    python -m benchmarks.report [--cache DIR] [--no-append]
 
-The synthetic store (orchestrator.report.synthetic; runs created through the MLflow client,
-metric rows bulk-inserted into MLflow's tables) takes minutes to build, so it is cached
-under DIR (default $XDG_CACHE_HOME/qkstudy/report-bench or ~/.cache/...), keyed by the
-study's definition. Times: query_study (bulk SQL read), build_report end to end (including
+The synthetic store (``tests.synthetic_study``, the tests' studies with a known answer; runs
+created through the MLflow client, metric rows bulk-inserted into MLflow's tables) takes
+minutes to build, so it is cached under DIR (default $XDG_CACHE_HOME/qkstudy/report-bench
+or ~/.cache/...), keyed by the study's definition. Times: query_study (bulk SQL read), build_report end to end (including
 figures, HTML and logging the artifacts to MLflow), export_study (Parquet). The target is
 < 60 s for build_report; results are appended to BENCHMARKS.md with machine and date.
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 
 from orchestrator.report.build import build_report
 from orchestrator.report.query import export_study, query_study
-from orchestrator.report.synthetic import SyntheticStudy, write_synthetic_study
 from orchestrator.track.tracking import sqlite_path, sqlite_uri
+from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
-SECTION = "## Report from MLflow (`python -m orchestrator.report.bench`)"
+SECTION = "## Report from MLflow (`python -m benchmarks.report`)"
 # 5 scales x 20 seeds x (4 variants + standard at x1 and 5 extend levels) = 1,000 runs.
 BENCH = SyntheticStudy(
     study="bench-1000",
@@ -67,7 +67,7 @@ def bench_store(cache: Path, study: SyntheticStudy = BENCH) -> tuple[str, float 
 
 
 def _machine() -> str:
-    from model.bench import machine_description
+    from benchmarks.record import machine_description
 
     return machine_description()
 
@@ -124,7 +124,7 @@ def _append(line: str) -> None:
 
     Others append to the same file, so it is only ever appended to, never rewritten.
     """
-    path = Path(__file__).resolve().parents[2] / "BENCHMARKS.md"
+    path = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else ""
     sections = [ln for ln in text.splitlines() if ln.startswith("## ")]
     if sections and sections[-1].startswith(SECTION):

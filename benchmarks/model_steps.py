@@ -1,4 +1,4 @@
-"""Training-step benchmark of every attention variant at one preset (`make bench`).
+"""Step-time benchmark of every attention variant at one preset (`make bench`).
 
 Times full optimizer steps (forward + backward + AdamW) of each variant on a fixed random
 batch. Variants run interleaved in the same process (each repeat times every variant once,
@@ -13,66 +13,41 @@ overhead of a variant should approach its FLOP overhead. On CUDA: MFU (model FLO
 tokens/s / --peak-tflops) and the peak memory a step adds. A dated Markdown table (machine,
 torch, command) is appended to BENCHMARKS.md (written to a temp file, then renamed).
 
-    python -m model.bench [--preset cpu-s] [--variants standard coupled coupled:integrator=leapfrog]
+    python -m benchmarks.model_steps [--preset cpu-s] [--variants standard coupled coupled:integrator=leapfrog]
                           [--repeats 15] [--steps 1] [--batch-size 8] [--vocab-size 4096]
                           [--threads N] [--impl auto|eager|fused|compile]
-    python -m model.bench --device cuda --preset 60m --vocab-size 32000 --batch-size 32 \
+    python -m benchmarks.model_steps --device cuda --preset 60m --vocab-size 32000 --batch-size 32 \
                           --variants standard coupled --sdpa flash --peak-tflops 989
-    python -m model.bench --dry-run   # that GPU path (bf16 autocast, flash SDPA only, compiled QK
+    python -m benchmarks.model_steps --dry-run   # that GPU path (bf16 autocast, flash SDPA only, compiled QK
                                       # transform) on CPU at tiny shapes; prints, never appends
 
 A variant spec is NAME or NAME:opt=value,opt=value with options of `build_config`, plus
 impl=auto|eager|fused|compile (how its QK transform runs, `model.fused_qk`), so one run can
-time `coupled:impl=eager` against `coupled`. scripts/gpu_check.sh runs the GPU benchmark.
+time `coupled:impl=eager` against `coupled`. The step itself (model, batch, AdamW, the timing) is
+`model.timing`'s, the one ``qkstudy calibrate`` times. scripts/gpu_check.sh runs the GPU benchmark.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import os
-import platform
 import shlex
 import statistics
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from model.config import ModelConfig
+from benchmarks.record import append_markdown, machine_description
 from model.counts import ModelCounts, count_model
 from model.coupled import DynamicsQK
-from model.fused_qk import QK_IMPLS, check_impl, resolve_impl
-from model.gpt import GPT
-from model.presets import PRESETS, build_config
+from model.fused_qk import QK_IMPLS, resolve_impl
+from model.presets import PRESETS
+from model.timing import StepOptions, StepRun, build_runs, timed_steps, train_step
 
 DEFAULT_VARIANTS = ("standard", "coupled", "coupled:integrator=leapfrog", "uncoupled_mlp",
                     "differential", "coupled_differential")
-
-
-def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
-    """'coupled:integrator=leapfrog,n_steps=2' -> ('coupled', {'integrator': 'leapfrog', 'n_steps': 2}).
-    Raises ValueError for an option without '='."""
-    name, _, rest = spec.partition(":")
-    opts: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"variant spec {spec!r}: option {item!r} is not key=value")
-        for convert in (int, float):
-            try:
-                opts[key] = convert(value)
-                break
-            except ValueError:
-                continue
-        else:
-            opts[key] = None if value == "None" else value
-    return name, opts
 
 
 @dataclass
@@ -94,105 +69,12 @@ class BenchResult:
     load: float  # median 1-minute load average over this variant's timed repeats
 
 
-@dataclass(frozen=True)
-class StepOptions:
-    """How steps run. impl: QK transform implementation of every spec without its own impl=
-    (`model.fused_qk.QK_IMPLS`); amp: "auto" (bf16 autocast on CUDA, none elsewhere), "bf16"
-    or "none"; sdpa: "auto" (PyTorch picks the backend) or "flash" (only the flash kernel)."""
-
-    impl: str = "auto"
-    amp: str = "auto"
-    sdpa: str = "auto"
-
-    def context(self, device: str) -> contextlib.ExitStack:
-        """The autocast and SDPA-backend contexts a step runs in (a fresh ExitStack)."""
-        stack = contextlib.ExitStack()
-        device_type = torch.device(device).type
-        if self.amp == "bf16" or (self.amp == "auto" and device_type == "cuda"):
-            stack.enter_context(torch.autocast(device_type, dtype=torch.bfloat16))
-        if self.sdpa == "flash":
-            stack.enter_context(sdpa_kernel(SDPBackend.FLASH_ATTENTION))
-        return stack
-
-
-def machine_description() -> str:
-    """CPU model, CPU count, torch build, threads and load average (and the GPU, if any):
-    the machine line every benchmark row carries."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    if torch.cuda.is_available():
-        cpu += f"; GPU {torch.cuda.get_device_name()}"
-    return (f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, load avg {os.getloadavg()[0]:.2f}")
-
-
-@dataclass
-class BenchRun:
-    """One variant under benchmark: its config, model (seed 0), AdamW and fixed batch."""
-    spec: str
-    cfg: ModelConfig
-    model: GPT
-    opt: torch.optim.Optimizer
-    idx: torch.Tensor  # [batch, seq_len + 1] fixed random tokens
-    impl: str  # the model's QK implementation setting
-
-
-def build_runs(preset: str, specs: list[str], batch_size: int, vocab_size: int, seq_len: int | None,
-               device: str, impl: str) -> list[BenchRun]:
-    """One model (seed 0), AdamW and fixed batch per spec; 'standard' first. A spec's impl=
-    option overrides impl. Raises ValueError for a bad spec or impl."""
-    if specs[0] != "standard":
-        specs = ["standard", *[s for s in specs if s != "standard"]]
-    runs = []
-    for spec in specs:
-        name, opts = parse_variant(spec)
-        run_impl = check_impl(str(opts.pop("impl", impl)))
-        cfg = build_config(preset, name, vocab_size=vocab_size, seq_len=seq_len, **opts)
-        model = GPT(cfg, seed=0, qk_impl=run_impl).to(device)
-        g = torch.Generator().manual_seed(0)
-        idx = torch.randint(0, vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
-        runs.append(BenchRun(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=3e-4), idx, run_impl))
-    return runs
-
-
-def train_step(run: BenchRun, options: StepOptions) -> None:
-    """One optimizer step (forward, backward, AdamW) on the run's fixed batch."""
-    run.opt.zero_grad(set_to_none=True)
-    with options.context(str(run.idx.device)):
-        _, loss = run.model(run.idx[:, :-1], run.idx[:, 1:])
-    cast(torch.Tensor, loss).backward()  # not None: targets were given
-    run.opt.step()
-
-
-def _impl_used(run: BenchRun, options: StepOptions) -> str:
+def _impl_used(run: StepRun, options: StepOptions) -> str:
     """What the run's QK transforms execute in a training step ("-" if it has none)."""
     if not any(isinstance(m, DynamicsQK) for m in run.model.modules()):
         return "-"
     with options.context(str(run.idx.device)), torch.enable_grad():
         return resolve_impl(run.impl, run.idx.new_zeros((), dtype=torch.float32))
-
-
-def _timed(run: BenchRun, steps: int, options: StepOptions) -> tuple[float, float, float | None]:
-    """(wall seconds, process CPU seconds) per step over `steps` steps, and on CUDA the peak
-    memory [GiB] the steps added to what was allocated before them (None elsewhere)."""
-    cuda = run.idx.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        train_step(run, options)
-    if cuda:
-        torch.cuda.synchronize()
-    wall, cpu = (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
-    return wall, cpu, (torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None
 
 
 def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_size: int,
@@ -208,13 +90,13 @@ def run_bench(preset: str, specs: list[str], repeats: int, steps: int, batch_siz
     samples: list[list[tuple[float, float, float | None, float]]] = [[] for _ in runs]
     for r in range(repeats):
         for i in [(i + r) % len(runs) for i in range(len(runs))]:  # rotate to cancel position bias
-            samples[i].append((*_timed(runs[i], steps, options), os.getloadavg()[0]))
+            samples[i].append((*timed_steps(runs[i], steps, options), os.getloadavg()[0]))
     std_flops = count_model(runs[0].cfg)
     return [_summarise(run, s, samples[0], batch_size, std_flops, peak_tflops, _impl_used(run, options))
             for run, s in zip(runs, samples)]
 
 
-def _summarise(run: BenchRun, s: list[tuple[float, float, float | None, float]],
+def _summarise(run: StepRun, s: list[tuple[float, float, float | None, float]],
                ref: list[tuple[float, float, float | None, float]], batch_size: int, std_flops: ModelCounts,
                peak_tflops: float | None, impl: str) -> BenchResult:
     """One variant's result from its (wall, cpu, memory, load) samples and the reference's."""
@@ -258,17 +140,6 @@ def format_table(results: list[BenchResult]) -> str:
     return "\n".join(rows)
 
 
-def append_markdown(path: Path, text: str) -> None:
-    """Append text to path atomically (temp file in the same folder, then rename)."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644  # mkstemp would leave 0600
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
 # The GPU path (bf16 autocast, flash SDPA, compiled QK transform) at tiny CPU shapes: what
 # --dry-run runs, so the tests know the GPU command works before a GPU is lent.
 DRY_RUN = dict(preset="cpu-xs", variants=["standard", "coupled"], repeats=2, steps=1, batch_size=2,
@@ -277,7 +148,7 @@ DRY_RUN = dict(preset="cpu-xs", variants=["standard", "coupled"], repeats=2, ste
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m model.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.model_steps", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu-s", choices=list(PRESETS))
     p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
     p.add_argument("--repeats", type=int, default=15)
@@ -303,9 +174,9 @@ def _parser() -> argparse.ArgumentParser:
 def _header(args: argparse.Namespace, argv: list[str] | None, machine: str, started: str) -> str:
     """The section heading and the machine / command / setup lines above a result table."""
     seq = args.seq_len or PRESETS[args.preset].seq_len
-    command = shlex.join(["python", "-m", "model.bench", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.model_steps", *(argv if argv is not None else sys.argv[1:])])
     mfu = f"MFU = model FLOPs x tokens/s / peak ({args.peak_tflops:g} TFLOP/s); " if args.peak_tflops else ""
-    return (f"## model.bench: preset {args.preset}{' (dry run)' if args.dry_run else ''}, {started}\n\n"
+    return (f"## benchmarks.model_steps: preset {args.preset}{' (dry run)' if args.dry_run else ''}, {started}\n\n"
             f"Machine: {machine}; load avg at end {os.getloadavg()[0]:.2f}.  \n"
             f"Command: `{command}`  \n"
             f"Setup: batch {args.batch_size} x {seq} tokens, vocab {args.vocab_size}, device {args.device}, "

@@ -1,8 +1,9 @@
 """Synthetic studies with known answers, written into a real MLflow store (or kept in memory).
 
-The tests and the benchmark need runs whose token ratio is known exactly. The loss of a run
-of variant v, non-embedding size N, trained for D planned tokens, is a Chinchilla-style law
-(Hoffmann et al. 2022, eq. 2) with a per-variant token efficiency k_v:
+The tests (and the report benchmark, ``benchmarks.report``) need runs whose token ratio is
+known exactly. The loss of a run of variant v, non-embedding size N, trained for D planned
+tokens, is a Chinchilla-style law (Hoffmann et al. 2022, eq. 2) with a per-variant token
+efficiency k_v:
 
     L(N, D) = E + A * N^(-alpha) + B * (k_v * D)^(-beta)
 
@@ -12,8 +13,8 @@ Normal(0, seed_noise[v]) of its own plus, with seed_shared > 0, Normal(0, seed_s
 by every run of one (scale, seed), as runs that share data order and initial weights share
 their luck (the pairing the report uses). Intermediate eval points carry an extra
 (1 - t/D) * schedule_gap term, the not-yet-annealed learning rate, which vanishes at t = D.
-Runs follow the training side's MLflow convention (DESIGN.md "Conventions"); with
-`accuracy` set they also log MQAR's `val/accuracy` and `final/val_accuracy`.
+Runs follow the training side's MLflow convention (README.md, "Conventions the numbers depend
+on"); with `accuracy` set they also log MQAR's `val/accuracy` and `final/val_accuracy`.
 """
 
 from __future__ import annotations

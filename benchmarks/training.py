@@ -1,17 +1,16 @@
-"""Planner benchmark (`make bench`): time to validate and plan a 200-run study.
+"""Study benchmarks (`make bench`): validate and plan a 200-run study, train through the stack.
 
 The study is the paper's variant set over five scales, five seeds and three extend runs of
 the reference, declared for a 64-GPU cluster (8 workers x 1 GPU per run). Timing is the
 median of several repeats of ``parse_spec`` + ``plan`` in one process, after one warm-up
 (imports). A dated row goes to BENCHMARKS.md (temp file, then rename).
 
-    python -m orchestrator.bench [--repeats 5] [--training]
+    python -m benchmarks.training [--repeats 5] [--training]
 
 ``--training`` also times cpu-s training through the whole stack with 1 and 2 workers;
 ``--startup`` times a study of tiny runs with one Ray Train worker group per run against one
 group for all of them (``resources.runs_per_trainer``): the per-run start-up cost.
-``--cli`` times ``qkstudy`` commands as a user runs them, one fresh process each
-(`bench_cli`): what a researcher waits for before a command answers.
+(``python -m benchmarks.cli_latency`` times the ``qkstudy`` commands themselves.)
 """
 
 from __future__ import annotations
@@ -20,9 +19,7 @@ import argparse
 import contextlib
 import datetime as dt
 import functools
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,8 +56,6 @@ def bench(repeats: int = 5) -> tuple[int, float]:
 @contextlib.contextmanager
 def local_ray() -> Iterator[Path]:
     """A local 2-CPU Ray for the training benchmarks and a scratch folder for their stores."""
-    import tempfile
-
     import ray
 
     ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
@@ -136,86 +131,8 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
     return rows
 
 
-HEAVY = ("torch", "mlflow", "ray", "pandas", "scipy", "pyarrow", "matplotlib", "deepspeed", "sentencepiece")
-"""Modules whose import costs seconds (torch, mlflow) or a large share of one."""
-
-_PROBE = ("import runpy, sys\n"
-          "sys.argv = ['qkstudy', *sys.argv[1:]]\n"
-          "try:\n    runpy.run_module('orchestrator.cli', run_name='__main__')\n"
-          "except SystemExit as e:\n    code = e.code or 0\nelse:\n    code = 0\n"
-          "heavy = {heavy!r}\n"
-          "print('\\nHEAVY=' + ','.join(m for m in heavy if m in sys.modules), file=sys.stderr)\n"
-          "sys.exit(code)\n")
-
-
-def cli_heavy_modules(args: list[str], cwd: str | Path | None = None, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
-    """(exit code, modules of `HEAVY` loaded) when ``qkstudy ARGS`` runs in a fresh interpreter.
-
-    The command runs as ``python -m orchestrator.cli`` would (``runpy``), then the interpreter
-    reports which heavy modules it imported: what a command pays for before it answers.
-    """
-    res = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=HEAVY), *args], capture_output=True, text=True,
-                         cwd=cwd, env=env)
-    line = [x for x in res.stderr.splitlines() if x.startswith("HEAVY=")]
-    if not line:
-        raise RuntimeError(f"qkstudy {' '.join(args)} did not report its modules: {res.stderr[-2000:]}")
-    return res.returncode, [m for m in line[-1].removeprefix("HEAVY=").split(",") if m]
-
-
-def _cli_commands(tmp: Path) -> list[tuple[str, list[str]]]:
-    """The commands `bench_cli` times, and a tracking store with one queued run for ``status``."""
-    from mlflow.tracking import MlflowClient
-
-    from orchestrator.plan.spec import load_spec
-    from orchestrator.track.tracking import create_run, default_tracking_uri, ensure_experiment
-
-    spec = "jobs/cpu-demo.yaml"
-    study = load_spec(spec)
-    store = default_tracking_uri(tmp / "store")
-    client = MlflowClient(store)
-    create_run(client, ensure_experiment(client, study.name), plan(study)[0])
-    return [("validate", ["validate", spec]), ("plan", ["plan", spec]),
-            ("status, no store yet", ["status", spec, "--tracking-uri", default_tracking_uri(tmp / "none")]),
-            ("status, a store", ["status", study.name, "--tracking-uri", store]),
-            ("data prepare, cached", ["data", "prepare", "--source", "stdlib", "--vocab-size", "2048"])]
-
-
-def bench_cli(repeats: int = 5) -> list[dict]:
-    """Wall-clock seconds of ``qkstudy`` commands, each in a fresh interpreter
-    (``python -m orchestrator.cli``), ``repeats`` times after one untimed run (which also
-    prepares the cached corpus): median, min and max, and the heavy modules each loaded
-    (`cli_heavy_modules`). Commands: validate and plan of jobs/cpu-demo.yaml, status of it
-    before any store exists and of a store holding one run, a cached ``data prepare``."""
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="qkstudy-bench-cli-") as tmp:
-        for label, args in _cli_commands(Path(tmp)):
-            cmd = [sys.executable, "-m", "orchestrator.cli", *args]
-            subprocess.run(cmd, capture_output=True, check=True)  # warm-up: page cache, prepared corpus
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                subprocess.run(cmd, capture_output=True, check=True)
-                times.append(time.perf_counter() - t0)
-            rows.append({"command": label, "args": " ".join(args).replace(tmp, "<tmp>"), "median_s": statistics.median(times),
-                         "min_s": min(times), "max_s": max(times), "heavy": cli_heavy_modules(args)[1],
-                         "load": os.getloadavg()[0]})
-    return rows
-
-
-def _cli_rows(rows: list[dict], repeats: int) -> str:
-    """The BENCHMARKS.md section of `bench_cli`'s rows."""
-    from model.bench import machine_description
-
-    head = (f"\n## CLI latency: one fresh process per command (goal < 1.5 s; `model info` exempt)\n\n"
-            f"{dt.date.today().isoformat()} - {machine_description()} - `python -m orchestrator.bench --cli "
-            f"--repeats {repeats}`\n\n| command | median s | min s | max s | load avg | heavy modules imported |\n"
-            "|---|---:|---:|---:|---:|---|\n")
-    return head + "".join(f"| `qkstudy {r['args']}` | {r['median_s']:.2f} | {r['min_s']:.2f} | {r['max_s']:.2f} | "
-                          f"{r['load']:.1f} | {', '.join(r['heavy']) or '-'} |\n" for r in rows)
-
-
 def _append(out: Path, text: str) -> None:
-    from model.bench import append_markdown  # torch: only when a row is written
+    from benchmarks.record import append_markdown
 
     append_markdown(out, text)
 
@@ -225,31 +142,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--training", action="store_true", help="also time cpu-s training with 1 and 2 workers")
     ap.add_argument("--startup", action="store_true", help="also time per-run start-up, one worker group per run vs one for all")
-    ap.add_argument("--cli", action="store_true", help="only time qkstudy commands, one fresh process each")
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = ap.parse_args(argv)
-    from model.bench import machine_description
+    from benchmarks.record import machine_description
 
-    if args.cli:
-        row = _cli_rows(bench_cli(args.repeats), args.repeats)
-        print(row)
-        _append(args.out, row)
-        return 0
     n, secs = bench(args.repeats)
     row = (f"\n## Planner: validate + plan a {n}-run study (64-GPU cluster declared)\n\n"
-           f"{dt.date.today().isoformat()} - {machine_description()} - `python -m orchestrator.bench --repeats {args.repeats}`\n\n"
+           f"{dt.date.today().isoformat()} - {machine_description()} - `python -m benchmarks.training --repeats {args.repeats}`\n\n"
            f"| runs | median seconds | target |\n|---:|---:|---:|\n| {n} | {secs:.3f} | < 2 |\n")
     if args.training:
         rows = bench_training()
         row += (f"\n## Training: cpu-s, Ray Train + DeepSpeed ZeRO-2 on CPU\n\n{dt.date.today().isoformat()} - "
-                f"{machine_description()} - `python -m orchestrator.bench --training`\n\n"
+                f"{machine_description()} - `python -m benchmarks.training --training`\n\n"
                 "| workers x CPUs | tokens/s (median) | checkpoint (MB, all ranks) | save (s) | persist (s) |\n|---|---:|---:|---:|---:|\n")
         row += "".join(f"| {r['workers']} x {r['cpus_per_worker']} | {r['tokens_per_s']:,.0f} | {r['checkpoint_mb']:.1f} | "
                        f"{r['save_s']:.3f} | {r['persist_s']:.3f} |\n" for r in rows)
     if args.startup:
         rows = bench_startup()
         row += (f"\n## Per-run start-up: Ray Train worker groups (cpu-xs runs of 4 steps, 1 worker x 2 CPUs, ZeRO-0)\n\n"
-                f"{dt.date.today().isoformat()} - {machine_description()} - `python -m orchestrator.bench --startup`\n\n"
+                f"{dt.date.today().isoformat()} - {machine_description()} - `python -m benchmarks.training --startup`\n\n"
                 "| runs_per_trainer | runs | study seconds (data cached, Ray up) | seconds per run |\n|---:|---:|---:|---:|\n")
         row += "".join(f"| {r['runs_per_trainer']} | {r['runs']} | {r['study_s']:.1f} | {r['per_run_s']:.1f} |\n" for r in rows)
     print(row)

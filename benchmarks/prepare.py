@@ -1,4 +1,4 @@
-"""`python -m data_pipeline.bench`: prepare throughput vs SentencePiece's single-process encode.
+"""`python -m benchmarks.prepare`: prepare throughput vs SentencePiece's single-process encode.
 
 All numbers come from one run on the same text (the default stdlib corpus, train + val, with the
 tokenizer prepare trained):
@@ -25,11 +25,11 @@ import statistics
 import tempfile
 import time
 
-from .build import _default_num_proc, _tokenize, prepare, split_documents
-from .config import CorpusConfig, TokenizerConfig
-from .encode import encode_documents
-from .sources import load_documents
-from .tokenizer import load_tokenizer
+from data_pipeline.build import _default_num_proc, _tokenize, prepare, split_documents
+from data_pipeline.config import CorpusConfig, TokenizerConfig
+from data_pipeline.encode import encode_documents
+from data_pipeline.sources import load_documents
+from data_pipeline.tokenizer import load_tokenizer
 
 
 def _cpu_model() -> str:
@@ -137,7 +137,7 @@ def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 
 
 Machine: {platform.node()}, {_cpu_model()}, {os.cpu_count()} CPUs visible, {num_proc} tokenizer processes;
 Python {platform.python_version()}; load average at start {load} (shared machine).
-Command: `python -m data_pipeline.bench` (`make bench`). Corpus: CPython {platform.python_version()} stdlib
+Command: `python -m benchmarks.prepare` (`make bench`). Corpus: CPython {platform.python_version()} stdlib
 `*.py` without tests/idlelib: {docs} documents, {r['text_mb']:.1f} MB, {tokens:,} tokens
 (BPE, vocab {tokenizer.vocab_size}, one EOD per document included). Best / median of {repeats}, interleaved.
 

@@ -1,7 +1,7 @@
-"""Steps at bare speed (`make bench`, issue 18 goal 1): the stack's optimizer steps against a
+"""Steps at bare speed (`make bench`): the stack's optimizer steps against a
 plain PyTorch loop of the same run.
 
-    python -m orchestrator.bench_steps [--steps 120] [--repeats 2] [--scale cpu-xs]
+    python -m benchmarks.bare_steps [--steps 120] [--repeats 2] [--scale cpu-xs]
 
 For ZeRO stages 0 and 2 on CPU, interleaved ``--repeats`` times:
   - **stack**: one run through the product (local Ray, a Ray Train worker with 2 CPUs,
@@ -110,7 +110,7 @@ def bench_steps(steps: int = 120, repeats: int = 2, scale: str = "cpu-xs") -> li
     """Per ZeRO stage: every repeat's stack and bare tokens/s and their medians' ratio."""
     import tempfile
 
-    from orchestrator.bench import local_ray
+    from benchmarks.training import local_ray
 
     rows = []
     with local_ray() as tmp:
@@ -131,11 +131,11 @@ def bench_steps(steps: int = 120, repeats: int = 2, scale: str = "cpu-xs") -> li
 
 def section(rows: list[dict[str, Any]], steps: int, repeats: int, scale: str, load: str) -> str:
     """The BENCHMARKS.md section of ``bench_steps``' rows."""
-    from model.bench import machine_description
+    from benchmarks.record import machine_description
 
     head = (f"\n## Steps at bare speed: the stack's optimizer steps vs a plain PyTorch loop ({scale}, "
             f"{steps} steps, 8 x 128 tokens, 2 CPU threads)\n\n{dt.date.today().isoformat()} - {machine_description()} - "
-            f"load avg at start {load} - `python -m orchestrator.bench_steps --steps {steps} --repeats {repeats}`\n\n"
+            f"load avg at start {load} - `python -m benchmarks.bare_steps --steps {steps} --repeats {repeats}`\n\n"
             "| ZeRO stage | stack tokens/s (each repeat) | bare tokens/s (each repeat) | stack / bare (medians) | "
             "stack steps alone / bare | goal |\n|---:|---|---|---:|---:|---:|\n")
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="cpu-xs")
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = ap.parse_args(argv)
-    from model.bench import append_markdown
+    from benchmarks.record import append_markdown
 
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     text = section(bench_steps(args.steps, args.repeats, args.scale), args.steps, args.repeats, args.scale, load)

@@ -1,16 +1,16 @@
-"""Where a variant's extra step time goes (`make bench`, issue 18 goal 3): the PyTorch profiler
+"""Where a variant's extra step time goes (`make bench`): the PyTorch profiler
 over optimizer steps of `standard` and one variant at a preset, self CPU time per operator,
 and the operators that account for the variant's extra time.
 
-Both models are built as `model.bench` builds them (seed 0, AdamW, one fixed random batch);
+Both models are built as `model.timing.build_runs` builds them (seed 0, AdamW, one fixed random batch);
 the two take turns step by step (after warm-up, who goes first alternating), so load drift
 hits both alike, and each row is an operator's median over the steps. Self time is an operator's own time, its
 children's excluded, so the rows add up to about the step. The profiler adds a cost per
-operator call, so its ratio is not `model.bench`'s; on a shared machine a shared operator's
+operator call, so its ratio is not `benchmarks.model_steps`'; on a shared machine a shared operator's
 row can move by as much as the variant's own operators (read the rows, not the ratio alone). A Markdown table (ms per step: standard, variant, difference, share of the gap) is
 appended to BENCHMARKS.md through a temp file.
 
-    python -m model.profile_step --preset cpu-s --variant coupled --threads 1 --steps 6
+    python -m benchmarks.profile_step --preset cpu-s --variant coupled --threads 1 --steps 6
 """
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from model.bench import BenchRun, StepOptions, append_markdown, build_runs, machine_description, train_step
+from benchmarks.record import append_markdown, machine_description
 from model.presets import PRESETS
+from model.timing import StepOptions, StepRun, build_runs, train_step
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def median_per_op(steps: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(step.get(k, 0.0) for step in steps) for k in names}
 
 
-def _self_ms(runs: list[BenchRun], steps: int, options: StepOptions) -> list[dict[str, float]]:
+def _self_ms(runs: list[StepRun], steps: int, options: StepOptions) -> list[dict[str, float]]:
     """Per run: operator name -> median self CPU ms per step over ``steps`` steps, the runs
     taking turns (who goes first alternates, so neither always follows the other)."""
     samples: list[list[dict[str, float]]] = [[] for _ in runs]
@@ -71,7 +72,7 @@ def profile_gap(preset: str, variant: str, steps: int = 6, warmup: int = 2, batc
                 vocab_size: int = 4096, seq_len: int | None = None, options: StepOptions = StepOptions()
                 ) -> list[OpTime]:
     """Every operator's self CPU time per step [ms] under `standard` and ``variant`` (a
-    `model.bench` variant spec), largest gap first. Raises ValueError for a bad spec."""
+    `model.timing` variant spec), largest gap first. Raises ValueError for a bad spec."""
     runs = build_runs(preset, ["standard", variant], batch_size, vocab_size, seq_len, "cpu", options.impl)
     for run in runs:
         for _ in range(warmup):
@@ -101,9 +102,9 @@ def format_gap(ops: list[OpTime], variant: str, top: int = 12) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m model.profile_step", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.profile_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu-s", choices=list(PRESETS))
-    p.add_argument("--variant", default="coupled", help="a model.bench variant spec (NAME[:opt=value,...])")
+    p.add_argument("--variant", default="coupled", help="a model.timing variant spec (NAME[:opt=value,...])")
     p.add_argument("--steps", type=int, default=6, help="profiled steps per model, alternating")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--vocab-size", type=int, default=4096)
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    command = shlex.join(["python", "-m", "model.profile_step", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.profile_step", *(argv if argv is not None else sys.argv[1:])])
     seq = PRESETS[args.preset].seq_len
     text = (f"## Where {args.variant}'s extra step time goes: preset {args.preset}, {started}\n\n"
             f"Machine: {machine}.  \nCommand: `{command}`  \n"
