@@ -38,11 +38,16 @@ from orchestrator.plan.spec import parse_spec
 
 def bench_study(name: str, zero_stage: int, steps: int, scale: str) -> dict[str, Any]:
     """The one-run study the stack arm trains (cpu-xs by default, 8 x 128-token sequences)."""
-    return {"name": name, "scales": [scale], "variants": ["standard"], "tokenizer": {"vocab_size": 2048},
-            "budget": {"mode": "tokens", "tokens": steps * 8 * 128},
-            "train": {"global_batch": 8, "seq_len": 128, "log_every_steps": 10},
-            "eval": {"num_evals": 2, "max_windows": 8, "final_max_windows": 8, "diagnostics": False},
-            "resources": {"workers": 1, "cpus_per_worker": 2, "zero_stage": zero_stage}}
+    return {
+        "name": name,
+        "scales": [scale],
+        "variants": ["standard"],
+        "tokenizer": {"vocab_size": 2048},
+        "budget": {"mode": "tokens", "tokens": steps * 8 * 128},
+        "train": {"global_batch": 8, "seq_len": 128, "log_every_steps": 10},
+        "eval": {"num_evals": 2, "max_windows": 8, "final_max_windows": 8, "diagnostics": False},
+        "resources": {"workers": 1, "cpus_per_worker": 2, "zero_stage": zero_stage},
+    }
 
 
 def run_stack(study: dict[str, Any], root: Path) -> tuple[float, float, str, RunSpec]:
@@ -83,8 +88,9 @@ def run_bare(run: RunSpec, data_path: str, threads: int = 2, seed: int | None = 
     model = GPT(ModelConfig(**run.model), seed=seed)
     loader = TokenLoader(data_path, "train", t.seq_len, t.global_batch, run.seed)
     opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas, fused=False, foreach=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(
-        s, run.steps, t.warmup_steps, t.schedule, t.min_lr_ratio, t.decay_fraction))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_multiplier(s, run.steps, t.warmup_steps, t.schedule, t.min_lr_ratio, t.decay_fraction)
+    )
     geom = batch_geometry(t.global_batch, 1, t.micro_batch)
     model.train()
     step_s, losses = 0.0, []
@@ -93,7 +99,7 @@ def run_bare(run: RunSpec, data_path: str, threads: int = 2, seed: int | None = 
         x, y = loader.xy(step, 0, 1)  # inside the clock, as in the worker's step
         micro = []
         for i in range(geom.grad_accum):
-            xb, yb = x[i * geom.micro_batch:(i + 1) * geom.micro_batch], y[i * geom.micro_batch:(i + 1) * geom.micro_batch]
+            xb, yb = x[i * geom.micro_batch : (i + 1) * geom.micro_batch], y[i * geom.micro_batch : (i + 1) * geom.micro_batch]
             _, loss = model(xb, yb)
             (loss / geom.grad_accum).backward()
             micro.append(loss.detach().item())
@@ -124,8 +130,16 @@ def bench_steps(steps: int = 120, repeats: int = 2, scale: str = "cpu-xs") -> li
                 per[z]["bare"].append(run_bare(run, data_path)[0])
         for z, v in per.items():
             s, b = statistics.median(v["stack"]), statistics.median(v["bare"])
-            rows.append({"zero_stage": z, **v, "stack_tps": s, "bare_tps": b, "ratio": s / b,
-                         "steps_only_ratio": statistics.median(v["steps_only"]) / b})
+            rows.append(
+                {
+                    "zero_stage": z,
+                    **v,
+                    "stack_tps": s,
+                    "bare_tps": b,
+                    "ratio": s / b,
+                    "steps_only_ratio": statistics.median(v["steps_only"]) / b,
+                }
+            )
     return rows
 
 
@@ -133,17 +147,21 @@ def section(rows: list[dict[str, Any]], steps: int, repeats: int, scale: str, lo
     """The BENCHMARKS.md section of ``bench_steps``' rows."""
     from benchmarks.record import machine_description
 
-    head = (f"\n## Steps at bare speed: the stack's optimizer steps vs a plain PyTorch loop ({scale}, "
-            f"{steps} steps, 8 x 128 tokens, 2 CPU threads)\n\n{dt.date.today().isoformat()} - {machine_description()} - "
-            f"load avg at start {load} - `python -m benchmarks.bare_steps --steps {steps} --repeats {repeats}`\n\n"
-            "| ZeRO stage | stack tokens/s (each repeat) | bare tokens/s (each repeat) | stack / bare (medians) | "
-            "stack steps alone / bare | goal |\n|---:|---|---|---:|---:|---:|\n")
+    head = (
+        f"\n## Steps at bare speed: the stack's optimizer steps vs a plain PyTorch loop ({scale}, "
+        f"{steps} steps, 8 x 128 tokens, 2 CPU threads)\n\n{dt.date.today().isoformat()} - {machine_description()} - "
+        f"load avg at start {load} - `python -m benchmarks.bare_steps --steps {steps} --repeats {repeats}`\n\n"
+        "| ZeRO stage | stack tokens/s (each repeat) | bare tokens/s (each repeat) | stack / bare (medians) | "
+        "stack steps alone / bare | goal |\n|---:|---|---|---:|---:|---:|\n"
+    )
 
     def each(xs: list[float]) -> str:
         return ", ".join(f"{x:,.0f}" for x in xs)
 
-    return head + "".join(f"| {r['zero_stage']} | {each(r['stack'])} | {each(r['bare'])} | {r['ratio']:.3f} | "
-                          f"{r['steps_only_ratio']:.3f} | >= 0.97 |\n" for r in rows)
+    return head + "".join(
+        f"| {r['zero_stage']} | {each(r['stack'])} | {each(r['bare'])} | {r['ratio']:.3f} | {r['steps_only_ratio']:.3f} | >= 0.97 |\n"
+        for r in rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

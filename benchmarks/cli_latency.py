@@ -26,13 +26,15 @@ from orchestrator.plan.planner import plan
 HEAVY = ("torch", "mlflow", "ray", "pandas", "scipy", "pyarrow", "matplotlib", "deepspeed", "sentencepiece")
 """Modules whose import costs seconds (torch, mlflow) or a large share of one."""
 
-_PROBE = ("import runpy, sys\n"
-          "sys.argv = ['qkstudy', *sys.argv[1:]]\n"
-          "try:\n    runpy.run_module('orchestrator.cli', run_name='__main__')\n"
-          "except SystemExit as e:\n    code = e.code or 0\nelse:\n    code = 0\n"
-          "heavy = {heavy!r}\n"
-          "print('\\nHEAVY=' + ','.join(m for m in heavy if m in sys.modules), file=sys.stderr)\n"
-          "sys.exit(code)\n")
+_PROBE = (
+    "import runpy, sys\n"
+    "sys.argv = ['qkstudy', *sys.argv[1:]]\n"
+    "try:\n    runpy.run_module('orchestrator.cli', run_name='__main__')\n"
+    "except SystemExit as e:\n    code = e.code or 0\nelse:\n    code = 0\n"
+    "heavy = {heavy!r}\n"
+    "print('\\nHEAVY=' + ','.join(m for m in heavy if m in sys.modules), file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
 
 
 def cli_heavy_modules(args: list[str], cwd: str | Path | None = None, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
@@ -41,8 +43,7 @@ def cli_heavy_modules(args: list[str], cwd: str | Path | None = None, env: dict[
     The command runs as ``python -m orchestrator.cli`` would (``runpy``), then the interpreter
     reports which heavy modules it imported: what a command pays for before it answers.
     """
-    res = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=HEAVY), *args], capture_output=True, text=True,
-                         cwd=cwd, env=env)
+    res = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=HEAVY), *args], capture_output=True, text=True, cwd=cwd, env=env)
     line = [x for x in res.stderr.splitlines() if x.startswith("HEAVY=")]
     if not line:
         raise RuntimeError(f"qkstudy {' '.join(args)} did not report its modules: {res.stderr[-2000:]}")
@@ -61,10 +62,13 @@ def _cli_commands(tmp: Path) -> list[tuple[str, list[str]]]:
     store = default_tracking_uri(tmp / "store")
     client = MlflowClient(store)
     create_run(client, ensure_experiment(client, study.name), plan(study)[0])
-    return [("validate", ["validate", spec]), ("plan", ["plan", spec]),
-            ("status, no store yet", ["status", spec, "--tracking-uri", default_tracking_uri(tmp / "none")]),
-            ("status, a store", ["status", study.name, "--tracking-uri", store]),
-            ("data prepare, cached", ["data", "prepare", "--source", "stdlib", "--vocab-size", "2048"])]
+    return [
+        ("validate", ["validate", spec]),
+        ("plan", ["plan", spec]),
+        ("status, no store yet", ["status", spec, "--tracking-uri", default_tracking_uri(tmp / "none")]),
+        ("status, a store", ["status", study.name, "--tracking-uri", store]),
+        ("data prepare, cached", ["data", "prepare", "--source", "stdlib", "--vocab-size", "2048"]),
+    ]
 
 
 def bench_cli(repeats: int = 5) -> list[dict]:
@@ -83,9 +87,17 @@ def bench_cli(repeats: int = 5) -> list[dict]:
                 t0 = time.perf_counter()
                 subprocess.run(cmd, capture_output=True, check=True)
                 times.append(time.perf_counter() - t0)
-            rows.append({"command": label, "args": " ".join(args).replace(tmp, "<tmp>"), "median_s": statistics.median(times),
-                         "min_s": min(times), "max_s": max(times), "heavy": cli_heavy_modules(args)[1],
-                         "load": os.getloadavg()[0]})
+            rows.append(
+                {
+                    "command": label,
+                    "args": " ".join(args).replace(tmp, "<tmp>"),
+                    "median_s": statistics.median(times),
+                    "min_s": min(times),
+                    "max_s": max(times),
+                    "heavy": cli_heavy_modules(args)[1],
+                    "load": os.getloadavg()[0],
+                }
+            )
     return rows
 
 
@@ -93,12 +105,17 @@ def _cli_rows(rows: list[dict], repeats: int) -> str:
     """The BENCHMARKS.md section of `bench_cli`'s rows."""
     from benchmarks.record import machine_description
 
-    head = (f"\n## CLI latency: one fresh process per command (goal < 1.5 s; `model info` exempt)\n\n"
-            f"{dt.date.today().isoformat()} - {machine_description()} - `python -m benchmarks.cli_latency "
-            f"--repeats {repeats}`\n\n| command | median s | min s | max s | load avg | heavy modules imported |\n"
-            "|---|---:|---:|---:|---:|---|\n")
-    return head + "".join(f"| `qkstudy {r['args']}` | {r['median_s']:.2f} | {r['min_s']:.2f} | {r['max_s']:.2f} | "
-                          f"{r['load']:.1f} | {', '.join(r['heavy']) or '-'} |\n" for r in rows)
+    head = (
+        f"\n## CLI latency: one fresh process per command (goal < 1.5 s; `model info` exempt)\n\n"
+        f"{dt.date.today().isoformat()} - {machine_description()} - `python -m benchmarks.cli_latency "
+        f"--repeats {repeats}`\n\n| command | median s | min s | max s | load avg | heavy modules imported |\n"
+        "|---|---:|---:|---:|---:|---|\n"
+    )
+    return head + "".join(
+        f"| `qkstudy {r['args']}` | {r['median_s']:.2f} | {r['min_s']:.2f} | {r['max_s']:.2f} | "
+        f"{r['load']:.1f} | {', '.join(r['heavy']) or '-'} |\n"
+        for r in rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,15 +82,16 @@ def _measure(corpus: CorpusConfig, tokenizer: TokenizerConfig, num_proc: int, re
         for _ in range(repeats):
             ids: list = []
             times["single"].append(_timed(lambda out=ids: out.extend(sp.encode(texts, num_threads=1)), cores["single"]))
-            times["lines"].append(_timed(lambda: encode_documents(sp, texts, prep.eod_id, m["dtype"]),
-                                         cores["lines"]))
+            times["lines"].append(_timed(lambda: encode_documents(sp, texts, prep.eod_id, m["dtype"]), cores["lines"]))
             with tempfile.TemporaryDirectory() as shards:
-                times["stage"].append(_timed(lambda: _tokenize(
-                    {"train": train, "val": val}, proto, prep.eod_id, m["dtype"], shards, num_proc, False, "bench"),
-                    cores["stage"]))
+                times["stage"].append(
+                    _timed(
+                        lambda: _tokenize({"train": train, "val": val}, proto, prep.eod_id, m["dtype"], shards, num_proc, False, "bench"),
+                        cores["stage"],
+                    )
+                )
             assert sum(len(x) for x in ids) + len(ids) == tokens  # + one EOD per document, as prepare counts
-    return {"times": times, "cores": cores, "prepare_s": total_s, "noop_s": noop_s, "manifest": m,
-            "tokens": tokens, "documents": docs}
+    return {"times": times, "cores": cores, "prepare_s": total_s, "noop_s": noop_s, "manifest": m, "tokens": tokens, "documents": docs}
 
 
 def _contended_note(times: dict, cores: dict, num_proc: int) -> str:
@@ -100,12 +101,14 @@ def _contended_note(times: dict, cores: dict, num_proc: int) -> str:
     # CPU seconds are what the work costs whatever the contention; their ratio bounds the idle speed-up.
     stage_cpu = statistics.median(t * c for t, c in zip(times["stage"], cores["stage"]))
     single_cpu = statistics.median(t * c for t, c in zip(times["single"], cores["single"]))
-    return (f"\nContended run: the stage got {statistics.median(cores['stage']):.2f} of {num_proc} cores (other "
-            f"sessions were using the CPUs; Linux autogroup scheduling splits CPU per session, so extra processes "
-            f"cannot win time from them), so the wall-clock ratio above does not test the target. "
-            f"CPU work: stage {stage_cpu:.2f} CPU s in all vs {single_cpu:.2f} CPU s for the "
-            f"single-process encode; spread over {num_proc} idle cores that is at most "
-            f"{single_cpu / (stage_cpu / num_proc):.2f}x (a projection, not a measurement).")
+    return (
+        f"\nContended run: the stage got {statistics.median(cores['stage']):.2f} of {num_proc} cores (other "
+        f"sessions were using the CPUs; Linux autogroup scheduling splits CPU per session, so extra processes "
+        f"cannot win time from them), so the wall-clock ratio above does not test the target. "
+        f"CPU work: stage {stage_cpu:.2f} CPU s in all vs {single_cpu:.2f} CPU s for the "
+        f"single-process encode; spread over {num_proc} idle cores that is at most "
+        f"{single_cpu / (stage_cpu / num_proc):.2f}x (a projection, not a measurement)."
+    )
 
 
 def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 3) -> dict:
@@ -123,9 +126,17 @@ def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 
     best = {k: min(v) for k, v in times.items()}
     med = {k: statistics.median(v) for k, v in times.items()}
     used = {k: statistics.median(v) for k, v in cores.items()}
-    r = {"documents": docs, "tokens": tokens, "text_mb": m["text_bytes"] / 1e6, "num_proc": num_proc,
-         "prepare_s": total_s, "train_s": m["timings"]["tokenizer_train_s"], "noop_s": noop_s,
-         **{f"{k}_s": v for k, v in best.items()}, **{f"{k}_tps": tokens / v for k, v in best.items()}}
+    r = {
+        "documents": docs,
+        "tokens": tokens,
+        "text_mb": m["text_bytes"] / 1e6,
+        "num_proc": num_proc,
+        "prepare_s": total_s,
+        "train_s": m["timings"]["tokenizer_train_s"],
+        "noop_s": noop_s,
+        **{f"{k}_s": v for k, v in best.items()},
+        **{f"{k}_tps": tokens / v for k, v in best.items()},
+    }
     r["speedup"] = best["single"] / best["stage"]
     r["parallel_speedup"] = best["lines"] / best["stage"]
     contended = _contended_note(times, cores, num_proc)
@@ -138,7 +149,7 @@ def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 
 Machine: {platform.node()}, {_cpu_model()}, {os.cpu_count()} CPUs visible, {num_proc} tokenizer processes;
 Python {platform.python_version()}; load average at start {load} (shared machine).
 Command: `python -m benchmarks.prepare` (`make bench`). Corpus: CPython {platform.python_version()} stdlib
-`*.py` without tests/idlelib: {docs} documents, {r['text_mb']:.1f} MB, {tokens:,} tokens
+`*.py` without tests/idlelib: {docs} documents, {r["text_mb"]:.1f} MB, {tokens:,} tokens
 (BPE, vocab {tokenizer.vocab_size}, one EOD per document included). Best / median of {repeats}, interleaved.
 
 | measurement | best s | median s | tokens/s (best) | cores got (CPU s / wall s) |
@@ -147,12 +158,12 @@ Command: `python -m benchmarks.prepare` (`make bench`). Corpus: CPython {platfor
 {row.format("same, line by line as prepare encodes (identical ids), one process", best["lines"], med["lines"], r["lines_tps"], used["lines"])}
 {row.format(f"prepare: tokenize + write shards stage, {num_proc} processes", best["stage"], med["stage"], r["stage_tps"], used["stage"])}
 | prepare end to end (read, split, train tokenizer, tokenize, write), once | {total_s:.2f} | | {tokens / total_s:,.0f} | |
-| of which tokenizer training (BPE 4096, 100k sampled lines) | {r['train_s']:.2f} | | | |
-| of which tokenize + write shards stage ({num_proc} processes) | {m['timings']['tokenize_s']:.2f} | | {tokens / m['timings']['tokenize_s']:,.0f} | |
+| of which tokenizer training (BPE 4096, 100k sampled lines) | {r["train_s"]:.2f} | | | |
+| of which tokenize + write shards stage ({num_proc} processes) | {m["timings"]["tokenize_s"]:.2f} | | {tokens / m["timings"]["tokenize_s"]:,.0f} | |
 | prepare again (cache hit, no-op) | {noop_s:.3f} | | | |
 
-Stage speed-up over single-process encode: **{r['speedup']:.2f}x** (target >= 1.6x on 2 cores);
-from parallelism alone (over single-process line-wise encode): {r['parallel_speedup']:.2f}x.{contended}
+Stage speed-up over single-process encode: **{r["speedup"]:.2f}x** (target >= 1.6x on 2 cores);
+from parallelism alone (over single-process line-wise encode): {r["parallel_speedup"]:.2f}x.{contended}
 """
     with open(out, "a") as f:
         f.write(section)

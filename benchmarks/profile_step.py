@@ -12,6 +12,7 @@ appended to BENCHMARKS.md through a temp file.
 
     python -m benchmarks.profile_step --preset cpu-s --variant coupled --threads 1 --steps 6
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ def _self_ms(runs: list[StepRun], steps: int, options: StepOptions) -> list[dict
     taking turns (who goes first alternates, so neither always follows the other)."""
     samples: list[list[dict[str, float]]] = [[] for _ in runs]
     for s in range(steps):
-        for i in (range(len(runs)) if s % 2 == 0 else reversed(range(len(runs)))):
+        for i in range(len(runs)) if s % 2 == 0 else reversed(range(len(runs))):
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 train_step(runs[i], options)
             step: dict[str, float] = defaultdict(float)
@@ -68,9 +69,16 @@ def _self_ms(runs: list[StepRun], steps: int, options: StepOptions) -> list[dict
     return [median_per_op(per) for per in samples]
 
 
-def profile_gap(preset: str, variant: str, steps: int = 6, warmup: int = 2, batch_size: int = 8,
-                vocab_size: int = 4096, seq_len: int | None = None, options: StepOptions = StepOptions()
-                ) -> list[OpTime]:
+def profile_gap(
+    preset: str,
+    variant: str,
+    steps: int = 6,
+    warmup: int = 2,
+    batch_size: int = 8,
+    vocab_size: int = 4096,
+    seq_len: int | None = None,
+    options: StepOptions = StepOptions(),
+) -> list[OpTime]:
     """Every operator's self CPU time per step [ms] under `standard` and ``variant`` (a
     `model.timing` variant spec), largest gap first. Raises ValueError for a bad spec."""
     runs = build_runs(preset, ["standard", variant], batch_size, vocab_size, seq_len, "cpu", options.impl)
@@ -86,8 +94,10 @@ def format_gap(ops: list[OpTime], variant: str, top: int = 12) -> str:
     """Markdown table of the ``top`` operators by |gap|, the rest summed, and the totals."""
     ref_total = sum(o.reference_ms for o in ops)
     gap = sum(o.diff_ms for o in ops)
-    rows = [f"| operator | standard (ms/step) | {variant} (ms/step) | difference (ms/step) | share of the gap |",
-            "|---|---:|---:|---:|---:|"]
+    rows = [
+        f"| operator | standard (ms/step) | {variant} (ms/step) | difference (ms/step) | share of the gap |",
+        "|---|---:|---:|---:|---:|",
+    ]
 
     def row(name: str, r: float, v: float) -> str:
         share = f"{(v - r) / gap:.0%}" if gap else "-"
@@ -124,11 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = shlex.join(["python", "-m", "benchmarks.profile_step", *(argv if argv is not None else sys.argv[1:])])
     seq = PRESETS[args.preset].seq_len
-    text = (f"## Where {args.variant}'s extra step time goes: preset {args.preset}, {started}\n\n"
-            f"Machine: {machine}.  \nCommand: `{command}`  \n"
-            f"Self CPU time per operator (PyTorch profiler), batch {args.batch_size} x {seq} tokens, "
-            f"{args.steps} profiled steps per model alternating after 2 warm-up, per step.\n\n"
-            + format_gap(ops, args.variant, args.top))
+    text = (
+        f"## Where {args.variant}'s extra step time goes: preset {args.preset}, {started}\n\n"
+        f"Machine: {machine}.  \nCommand: `{command}`  \n"
+        f"Self CPU time per operator (PyTorch profiler), batch {args.batch_size} x {seq} tokens, "
+        f"{args.steps} profiled steps per model alternating after 2 warm-up, per step.\n\n" + format_gap(ops, args.variant, args.top)
+    )
     print(text)
     if not args.no_append:
         append_markdown(args.out, text)

@@ -1,4 +1,5 @@
 """What every benchmark row carries (the machine it ran on) and how a row reaches BENCHMARKS.md."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,7 @@ def machine_description() -> str:
         pass
     if torch.cuda.is_available():
         cpu += f"; GPU {torch.cuda.get_device_name()}"
-    return (f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, load avg {os.getloadavg()[0]:.2f}")
+    return f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads, load avg {os.getloadavg()[0]:.2f}"
 
 
 def append_markdown(path: Path, text: str) -> None:

@@ -136,9 +136,7 @@ def _append(line: str) -> None:
         "Target: build_report of a 1,000-run study (200 eval points each) under 60 s. Columns: bulk query "
         "(all runs and metric histories), build_report end to end (query, statistics, 7 figures, HTML, "
         "artifacts logged to MLflow), Parquet export, synthetic store build.\n\n"
-        "| date | machine | study | query | build_report | export | store build |\n|---|---|---|---|---|---|---|\n"
-        + line
-        + "\n"
+        "| date | machine | study | query | build_report | export | store build |\n|---|---|---|---|---|---|---|\n" + line + "\n"
     )
     with open(path, "a") as f:
         f.write(block)

@@ -32,8 +32,13 @@ from orchestrator.plan.spec import parse_spec
 STUDY = {
     "name": "bench-200",
     "scales": ["cpu-s", "cpu-m", "60m", "150m", "350m"],
-    "variants": ["standard", "coupled", {"name": "coupled_leapfrog", "kind": "coupled", "options": {"integrator": "leapfrog"}},
-                 "uncoupled_mlp", "differential"],
+    "variants": [
+        "standard",
+        "coupled",
+        {"name": "coupled_leapfrog", "kind": "coupled", "options": {"integrator": "leapfrog"}},
+        "uncoupled_mlp",
+        "differential",
+    ],
     "seeds": [0, 1, 2, 3, 4],
     "budget": {"mode": "flops", "tokens_per_param": 20},
     "extend": [2, 2.4, 3],
@@ -79,11 +84,18 @@ def bench_training(steps: int = 60) -> list[dict]:
     with local_ray() as tmp:
         for workers, cpus in ((1, 2), (2, 1)):
             name = f"bench-w{workers}"
-            study = parse_spec({"name": name, "scales": ["cpu-s"], "variants": ["standard"], "tokenizer": {"vocab_size": 2048},
-                                "budget": {"mode": "tokens", "tokens": steps * 2048},
-                                "eval": {"num_evals": 3, "max_windows": 16, "diagnostics": False},
-                                "train": {"log_every_steps": 5},
-                                "resources": {"workers": workers, "cpus_per_worker": cpus, "zero_stage": 2}})
+            study = parse_spec(
+                {
+                    "name": name,
+                    "scales": ["cpu-s"],
+                    "variants": ["standard"],
+                    "tokenizer": {"vocab_size": 2048},
+                    "budget": {"mode": "tokens", "tokens": steps * 2048},
+                    "eval": {"num_evals": 3, "max_windows": 16, "diagnostics": False},
+                    "train": {"log_every_steps": 5},
+                    "resources": {"workers": workers, "cpus_per_worker": cpus, "zero_stage": 2},
+                }
+            )
             uri = default_tracking_uri(tmp / name)
             run_runs(plan(study), name, uri, str(tmp / name / "ray"), console=Console(quiet=True))
             c = MlflowClient(uri)
@@ -92,11 +104,16 @@ def bench_training(steps: int = 60) -> list[dict]:
                 raise RuntimeError(f"training benchmark {name}: no MLflow experiment in {uri}")
             (r,) = c.search_runs([exp.experiment_id], f"tags.`{KIND_TAG}` = '{KIND_TRAIN}'")
             hist = functools.partial(_history, c, r.info.run_id)
-            rows.append({"workers": workers, "cpus_per_worker": cpus,
-                         "tokens_per_s": statistics.median(hist("throughput/tokens_per_s")[1:]),
-                         "checkpoint_mb": hist("checkpoint/bytes")[-1] / 1e6,
-                         "save_s": statistics.median(hist("checkpoint/save_s")),
-                         "persist_s": statistics.median(hist("checkpoint/persist_s"))})
+            rows.append(
+                {
+                    "workers": workers,
+                    "cpus_per_worker": cpus,
+                    "tokens_per_s": statistics.median(hist("throughput/tokens_per_s")[1:]),
+                    "checkpoint_mb": hist("checkpoint/bytes")[-1] / 1e6,
+                    "save_s": statistics.median(hist("checkpoint/save_s")),
+                    "persist_s": statistics.median(hist("checkpoint/persist_s")),
+                }
+            )
     return rows
 
 
@@ -118,11 +135,18 @@ def bench_startup(n_runs: int = 4, steps: int = 4) -> list[dict]:
     with local_ray() as tmp:
         for per in (1, n_runs):
             name = f"bench-startup-{per}"
-            study = parse_spec({"name": name, "scales": ["cpu-xs"], "variants": ["standard", "coupled"],
-                                "seeds": list(range((n_runs + 1) // 2)), "tokenizer": {"vocab_size": 2048},
-                                "budget": {"mode": "tokens", "tokens": steps * 2048},
-                                "eval": {"num_evals": 1, "max_windows": 8, "final_max_windows": 8, "diagnostics": False},
-                                "resources": {"workers": 1, "cpus_per_worker": 2, "zero_stage": 0, "runs_per_trainer": per}})
+            study = parse_spec(
+                {
+                    "name": name,
+                    "scales": ["cpu-xs"],
+                    "variants": ["standard", "coupled"],
+                    "seeds": list(range((n_runs + 1) // 2)),
+                    "tokenizer": {"vocab_size": 2048},
+                    "budget": {"mode": "tokens", "tokens": steps * 2048},
+                    "eval": {"num_evals": 1, "max_windows": 8, "final_max_windows": 8, "diagnostics": False},
+                    "resources": {"workers": 1, "cpus_per_worker": 2, "zero_stage": 0, "runs_per_trainer": per},
+                }
+            )
             runs = plan(study)[:n_runs]
             res = run_runs(runs, name, default_tracking_uri(tmp / name), str(tmp / name / "ray"), console=Console(quiet=True))
             if not res.ok:  # a benchmark of failed runs would time the failure
@@ -147,21 +171,30 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.record import machine_description
 
     n, secs = bench(args.repeats)
-    row = (f"\n## Planner: validate + plan a {n}-run study (64-GPU cluster declared)\n\n"
-           f"{dt.date.today().isoformat()} - {machine_description()} - `python -m benchmarks.training --repeats {args.repeats}`\n\n"
-           f"| runs | median seconds | target |\n|---:|---:|---:|\n| {n} | {secs:.3f} | < 2 |\n")
+    row = (
+        f"\n## Planner: validate + plan a {n}-run study (64-GPU cluster declared)\n\n"
+        f"{dt.date.today().isoformat()} - {machine_description()} - `python -m benchmarks.training --repeats {args.repeats}`\n\n"
+        f"| runs | median seconds | target |\n|---:|---:|---:|\n| {n} | {secs:.3f} | < 2 |\n"
+    )
     if args.training:
         rows = bench_training()
-        row += (f"\n## Training: cpu-s, Ray Train + DeepSpeed ZeRO-2 on CPU\n\n{dt.date.today().isoformat()} - "
-                f"{machine_description()} - `python -m benchmarks.training --training`\n\n"
-                "| workers x CPUs | tokens/s (median) | checkpoint (MB, all ranks) | save (s) | persist (s) |\n|---|---:|---:|---:|---:|\n")
-        row += "".join(f"| {r['workers']} x {r['cpus_per_worker']} | {r['tokens_per_s']:,.0f} | {r['checkpoint_mb']:.1f} | "
-                       f"{r['save_s']:.3f} | {r['persist_s']:.3f} |\n" for r in rows)
+        row += (
+            f"\n## Training: cpu-s, Ray Train + DeepSpeed ZeRO-2 on CPU\n\n{dt.date.today().isoformat()} - "
+            f"{machine_description()} - `python -m benchmarks.training --training`\n\n"
+            "| workers x CPUs | tokens/s (median) | checkpoint (MB, all ranks) | save (s) | persist (s) |\n|---|---:|---:|---:|---:|\n"
+        )
+        row += "".join(
+            f"| {r['workers']} x {r['cpus_per_worker']} | {r['tokens_per_s']:,.0f} | {r['checkpoint_mb']:.1f} | "
+            f"{r['save_s']:.3f} | {r['persist_s']:.3f} |\n"
+            for r in rows
+        )
     if args.startup:
         rows = bench_startup()
-        row += (f"\n## Per-run start-up: Ray Train worker groups (cpu-xs runs of 4 steps, 1 worker x 2 CPUs, ZeRO-0)\n\n"
-                f"{dt.date.today().isoformat()} - {machine_description()} - `python -m benchmarks.training --startup`\n\n"
-                "| runs_per_trainer | runs | study seconds (data cached, Ray up) | seconds per run |\n|---:|---:|---:|---:|\n")
+        row += (
+            f"\n## Per-run start-up: Ray Train worker groups (cpu-xs runs of 4 steps, 1 worker x 2 CPUs, ZeRO-0)\n\n"
+            f"{dt.date.today().isoformat()} - {machine_description()} - `python -m benchmarks.training --startup`\n\n"
+            "| runs_per_trainer | runs | study seconds (data cached, Ray up) | seconds per run |\n|---:|---:|---:|---:|\n"
+        )
         row += "".join(f"| {r['runs_per_trainer']} | {r['runs']} | {r['study_s']:.1f} | {r['per_run_s']:.1f} |\n" for r in rows)
     print(row)
     _append(args.out, row)

@@ -15,8 +15,14 @@ Exports are resolved lazily (PEP 562) so spawned tokenizer workers do not import
 from importlib import import_module
 
 _EXPORTS = {
-    "CorpusConfig": "config", "TokenizerConfig": "config", "MQARConfig": "config", "MixtureComponent": "config",
-    "DataError": "errors", "prepare": "build", "PreparedData": "build", "TokenLoader": "loader",
+    "CorpusConfig": "config",
+    "TokenizerConfig": "config",
+    "MQARConfig": "config",
+    "MixtureComponent": "config",
+    "DataError": "errors",
+    "prepare": "build",
+    "PreparedData": "build",
+    "TokenLoader": "loader",
 }
 __all__ = sorted(_EXPORTS)
 

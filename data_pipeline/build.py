@@ -61,17 +61,25 @@ class PreparedData:
     @classmethod
     def from_manifest(cls, path: str, manifest: dict) -> PreparedData:
         tok = manifest.get("tokenizer") or {}
-        return cls(path=path, content_hash=manifest["content_hash"], vocab_size=manifest["vocab_size"],
-                   eod_id=manifest["eod_id"],
-                   tokenizer_path=storage.join(path, tok["file"]) if tok.get("file") else "",
-                   tokenizer_hash=tok.get("sha256", ""), manifest=manifest)
+        return cls(
+            path=path,
+            content_hash=manifest["content_hash"],
+            vocab_size=manifest["vocab_size"],
+            eod_id=manifest["eod_id"],
+            tokenizer_path=storage.join(path, tok["file"]) if tok.get("file") else "",
+            tokenizer_hash=tok.get("sha256", ""),
+            manifest=manifest,
+        )
 
 
 def content_hash(corpus: CorpusConfig, tokenizer: TokenizerConfig, fingerprint: dict) -> str:
     """Hex sha256 (first 20 chars) of everything the prepared tokens depend on."""
-    ident = {"format": FORMAT_VERSION, "corpus": corpus.model_dump(mode="json"),
-             "tokenizer": None if corpus.source == "mqar" else tokenizer.model_dump(mode="json"),
-             "sources": fingerprint}
+    ident = {
+        "format": FORMAT_VERSION,
+        "corpus": corpus.model_dump(mode="json"),
+        "tokenizer": None if corpus.source == "mqar" else tokenizer.model_dump(mode="json"),
+        "sources": fingerprint,
+    }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -97,8 +105,7 @@ def split_documents(docs: list[sources.Document], val_fraction: float, label: st
     train = [d for d, v in zip(docs, is_val) if not v]
     val = [d for d, v in zip(docs, is_val) if v]
     if not train or not val:
-        raise DataError(f"{label}: needs at least one train and one val document "
-                        f"(got {len(train)} train, {len(val)} val)")
+        raise DataError(f"{label}: needs at least one train and one val document (got {len(train)} train, {len(val)} val)")
     return train, val
 
 
@@ -131,8 +138,7 @@ def _spawn_without_main():
         main.__dict__.update(saved)
 
 
-def _tokenize(splits: dict, proto: bytes, eod_id: int, dtype: str, tmp: str, num_proc: int,
-              progress: bool, label: str) -> dict:
+def _tokenize(splits: dict, proto: bytes, eod_id: int, dtype: str, tmp: str, num_proc: int, progress: bool, label: str) -> dict:
     """Tokenize every split into shards under `tmp`; returns the manifest's `splits` entry."""
     from tqdm.auto import tqdm
 
@@ -168,16 +174,20 @@ def _tokenize(splits: dict, proto: bytes, eod_id: int, dtype: str, tmp: str, num
     return out
 
 
-def _prepare_text(corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, num_proc: int,
-                  progress: bool) -> dict:
+def _prepare_text(corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, num_proc: int, progress: bool) -> dict:
     label = corpus.label()
     timings = {}
     t0 = time.perf_counter()
     stats = sources.DecodeStats()
     docs = sources.load_documents(corpus, stats)
     if stats.documents:
-        log.warning("%s: %d documents had undecodable bytes (%d chars replaced by U+FFFD), e.g. %s",
-                    label, stats.documents, stats.replaced_chars, stats.where[:3])
+        log.warning(
+            "%s: %d documents had undecodable bytes (%d chars replaced by U+FFFD), e.g. %s",
+            label,
+            stats.documents,
+            stats.replaced_chars,
+            stats.where[:3],
+        )
     train, val = split_documents(docs, corpus.val_fraction, label)
     timings["read_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -190,12 +200,17 @@ def _prepare_text(corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, nu
     t0 = time.perf_counter()
     splits = _tokenize({"train": train, "val": val}, proto, eod_id, dtype, tmp, num_proc, progress, label)
     timings["tokenize_s"] = time.perf_counter() - t0
-    return {"layout": "stream", "vocab_size": tokenizer.vocab_size, "eod_id": eod_id, "dtype": dtype,
-            "tokenizer": {"file": "tokenizer.model", "sha256": model_hash(proto),
-                          "config": tokenizer.model_dump(mode="json")},
-            "splits": splits, "text_bytes": sum(len(d.text.encode()) for d in docs),
-            "decode_errors": {"documents": stats.documents, "replaced_chars": stats.replaced_chars},
-            "timings": timings}
+    return {
+        "layout": "stream",
+        "vocab_size": tokenizer.vocab_size,
+        "eod_id": eod_id,
+        "dtype": dtype,
+        "tokenizer": {"file": "tokenizer.model", "sha256": model_hash(proto), "config": tokenizer.model_dump(mode="json")},
+        "splits": splits,
+        "text_bytes": sum(len(d.text.encode()) for d in docs),
+        "decode_errors": {"documents": stats.documents, "replaced_chars": stats.replaced_chars},
+        "timings": timings,
+    }
 
 
 def _prepare_mqar(corpus: CorpusConfig, tmp: str) -> dict:
@@ -203,19 +218,37 @@ def _prepare_mqar(corpus: CorpusConfig, tmp: str) -> dict:
     dtype = "uint16" if p["vocab_size"] <= 1 << 16 else "uint32"
     splits = {}
     for i, (split, n) in enumerate((("train", p["num_train_examples"]), ("val", p["num_val_examples"]))):
-        ids, labels = mqar.generate(int(n), int(p["vocab_size"]), int(p["seq_len"]), int(p["num_kv_pairs"]),
-                                    float(p["power_a"]), np.random.default_rng([corpus.seed, i]))
+        ids, labels = mqar.generate(
+            int(n),
+            int(p["vocab_size"]),
+            int(p["seq_len"]),
+            int(p["num_kv_pairs"]),
+            float(p["power_a"]),
+            np.random.default_rng([corpus.seed, i]),
+        )
         name = f"{split}-00000.arrow"
         n_tok = ids.size
-        encode.write_shard(os.path.join(tmp, name), np.arange(n + 1) * ids.shape[1],
-                           {"ids": ids.reshape(-1).astype(dtype), "labels": labels.reshape(-1).astype(np.int32)})
+        encode.write_shard(
+            os.path.join(tmp, name),
+            np.arange(n + 1) * ids.shape[1],
+            {"ids": ids.reshape(-1).astype(dtype), "labels": labels.reshape(-1).astype(np.int32)},
+        )
         splits[split] = {"documents": n, "tokens": n_tok, "shards": [{"file": name, "documents": n, "tokens": n_tok}]}
-    return {"layout": "examples", "example_len": p["seq_len"] + 1, "vocab_size": p["vocab_size"], "eod_id": 0,
-            "dtype": dtype, "tokenizer": None, "mqar": p, "splits": splits}
+    return {
+        "layout": "examples",
+        "example_len": p["seq_len"] + 1,
+        "vocab_size": p["vocab_size"],
+        "eod_id": 0,
+        "dtype": dtype,
+        "tokenizer": None,
+        "mqar": p,
+        "splits": splits,
+    }
 
 
-def prepare(corpus: CorpusConfig, tokenizer: TokenizerConfig, cache_root=None, *, num_proc: int | None = None,
-            progress: bool = True) -> PreparedData:
+def prepare(
+    corpus: CorpusConfig, tokenizer: TokenizerConfig, cache_root=None, *, num_proc: int | None = None, progress: bool = True
+) -> PreparedData:
     """Prepare `corpus` with `tokenizer` into ``<cache_root>/<content_hash>``, or return it if present.
 
     cache_root: local path or pyarrow URI (s3://, gs://, file://); default $QKSTUDY_CACHE or
@@ -244,9 +277,15 @@ def prepare(corpus: CorpusConfig, tokenizer: TokenizerConfig, cache_root=None, *
             if info["tokens"] < 2:
                 raise DataError(f"{corpus.label()}: split '{split}' has {info['tokens']} tokens, too few for a window")
         body["unigram"] = unigram.prepared_unigram(tmp, body)  # cheap (a bincount); data_pipeline.unigram
-        manifest = {"format_version": FORMAT_VERSION, "content_hash": h, "source": corpus.source,
-                    "corpus": corpus.model_dump(mode="json"), "source_hashes": fp, **body,
-                    "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "content_hash": h,
+            "source": corpus.source,
+            "corpus": corpus.model_dump(mode="json"),
+            "source_hashes": fp,
+            **body,
+            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
         manifest.setdefault("timings", {})["total_s"] = time.perf_counter() - t0
         with open(os.path.join(tmp, storage.MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)

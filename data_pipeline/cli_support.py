@@ -11,9 +11,16 @@ from .errors import DataError
 _PREPARE_KWARGS = {"num_proc", "progress"}
 # CLI names that differ from the config field names.
 _TOKENIZER_ALIASES = {"tokenizer": "kind", "tokenizer_kind": "kind"}
-_MQAR_ALIASES = {"preset": "preset", "mqar_preset": "preset", "mqar_vocab_size": "vocab_size",
-                 "mqar_seq_len": "seq_len", "num_kv_pairs": "num_kv_pairs", "power_a": "power_a",
-                 "num_train_examples": "num_train_examples", "num_val_examples": "num_val_examples"}
+_MQAR_ALIASES = {
+    "preset": "preset",
+    "mqar_preset": "preset",
+    "mqar_vocab_size": "vocab_size",
+    "mqar_seq_len": "seq_len",
+    "num_kv_pairs": "num_kv_pairs",
+    "power_a": "power_a",
+    "num_train_examples": "num_train_examples",
+    "num_val_examples": "num_val_examples",
+}
 
 
 def _as_list(value) -> list[str]:

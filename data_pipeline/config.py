@@ -59,8 +59,7 @@ class MQARConfig(_Strict):
         for name in ("vocab_size", "seq_len", "num_kv_pairs"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        out.update(power_a=self.power_a, num_train_examples=self.num_train_examples,
-                   num_val_examples=self.num_val_examples)
+        out.update(power_a=self.power_a, num_train_examples=self.num_train_examples, num_val_examples=self.num_val_examples)
         return out
 
     @model_validator(mode="after")
@@ -131,13 +130,14 @@ class CorpusConfig(_Strict):
             raise ValueError(f"components: only used by source 'mixture', not '{s}'")
         if self.mqar is not None and s != "mqar":
             raise ValueError(f"mqar: only used by source 'mqar', not '{s}'")
-        allowed = {"text": {"auto", "file", "blank_lines"},
-                   "jsonl": {"auto", "row", "wikitext_heading"},
-                   "parquet": {"auto", "row", "wikitext_heading"},
-                   "hf": {"auto", "row", "wikitext_heading"}}.get(s, {"auto"})
+        allowed = {
+            "text": {"auto", "file", "blank_lines"},
+            "jsonl": {"auto", "row", "wikitext_heading"},
+            "parquet": {"auto", "row", "wikitext_heading"},
+            "hf": {"auto", "row", "wikitext_heading"},
+        }.get(s, {"auto"})
         if self.document_boundary not in allowed:
-            raise ValueError(f"document_boundary: '{self.document_boundary}' not valid for source '{s}' "
-                             f"(choose from {sorted(allowed)})")
+            raise ValueError(f"document_boundary: '{self.document_boundary}' not valid for source '{s}' (choose from {sorted(allowed)})")
         return self
 
     def resolved_mqar(self) -> MQARConfig:

@@ -60,8 +60,9 @@ class TokenLoader:
         if self.layout == "examples":
             self._example_len = manifest["example_len"]
             if seq_len + 1 != self._example_len:
-                raise DataError(f"{label}: examples are {self._example_len} tokens, so seq_len must be "
-                                f"{self._example_len - 1} (got {seq_len})")
+                raise DataError(
+                    f"{label}: examples are {self._example_len} tokens, so seq_len must be {self._example_len - 1} (got {seq_len})"
+                )
             if any("labels" not in t.column_names for t in tables):
                 raise DataError(f"{label}: no 'labels' column (prepared by an older mqar generator): prepare it again")
             self._ids = np.concatenate(self._parts).reshape(-1, self._example_len)
@@ -70,8 +71,7 @@ class TokenLoader:
         else:
             self.num_windows = max(0, (self.num_tokens - 1) // seq_len)
         if self.num_windows < 1:
-            raise DataError(f"{label}: {self.num_tokens} tokens is smaller than one window of "
-                            f"seq_len + 1 = {seq_len + 1} tokens")
+            raise DataError(f"{label}: {self.num_tokens} tokens is smaller than one window of seq_len + 1 = {seq_len + 1} tokens")
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
@@ -103,8 +103,8 @@ class TokenLoader:
             filled = 0
             while filled < hi - lo:  # a window may cross shard boundaries
                 a = lo + filled - self._starts[s]
-                piece = self._parts[s][a: a + (hi - lo - filled)]
-                out[row, filled: filled + len(piece)] = piece
+                piece = self._parts[s][a : a + (hi - lo - filled)]
+                out[row, filled : filled + len(piece)] = piece
                 filled += len(piece)
                 s += 1
         return out
@@ -163,20 +163,21 @@ class TokenLoader:
         share = idx[rank::world_size]
         return np.concatenate([share, np.full(-(-len(idx) // world_size) - len(share), -1, dtype=np.int64)])
 
-    def eval_xy(self, max_windows: int | None, batch_size: int, rank: int = 0, world_size: int = 1,
-                start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_xy(
+        self, max_windows: int | None, batch_size: int, rank: int = 0, world_size: int = 1, start: int = 0
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's eval_shard as (x, y) LongTensors [<= batch_size, seq_len] (labels as in `xy`;
         padding rows are all IGNORE_INDEX). Every rank yields the same number and shapes of batches."""
         idx = self.eval_shard(max_windows, rank, world_size, start)
         for i in range(0, len(idx), batch_size):
-            yield self._xy(idx[i: i + batch_size])
+            yield self._xy(idx[i : i + batch_size])
 
     def eval_batches(self, max_windows: int | None, batch_size: int) -> Iterator[torch.Tensor]:
         """eval_windows(max_windows) as raw windows, LongTensors [<= batch_size, seq_len + 1]
         (last batch may be smaller)."""
         idx = self.eval_windows(max_windows)
         for i in range(0, len(idx), batch_size):
-            yield torch.from_numpy(self._windows(idx[i: i + batch_size]))
+            yield torch.from_numpy(self._windows(idx[i : i + batch_size]))
 
 
 def _van_der_corput_order(n: int) -> np.ndarray:

@@ -39,11 +39,14 @@ def check_params(vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: floa
     if d < 1:
         raise DataError(f"mqar: num_kv_pairs={d} must be >= 1")
     if d > vocab_size // 2 - 1:
-        raise DataError(f"mqar: num_kv_pairs={d} needs vocab_size >= {2 * d + 2} (distinct keys from "
-                        f"[1, vocab_size/2)), got vocab_size={vocab_size}")
+        raise DataError(
+            f"mqar: num_kv_pairs={d} needs vocab_size >= {2 * d + 2} (distinct keys from [1, vocab_size/2)), got vocab_size={vocab_size}"
+        )
     if seq_len < 4 * d:
-        raise DataError(f"mqar: seq_len={seq_len} too short for num_kv_pairs={d}: needs seq_len >= "
-                        f"4 * num_kv_pairs = {4 * d} (the pairs plus one query slot per key)")
+        raise DataError(
+            f"mqar: seq_len={seq_len} too short for num_kv_pairs={d}: needs seq_len >= "
+            f"4 * num_kv_pairs = {4 * d} (the pairs plus one query slot per key)"
+        )
     if not (math.isfinite(power_a) and power_a > 0):
         raise DataError(f"mqar: power_a={power_a} must be a finite number > 0")
 
@@ -59,7 +62,7 @@ def _distinct(rng: np.random.Generator, n: int, lo: int, hi: int, k: int) -> np.
         r = rng.random((min(rows, n - a), m))
         part = np.argpartition(r, k - 1, axis=1)[:, :k]
         order = np.argsort(np.take_along_axis(r, part, axis=1), axis=1)
-        out[a:a + len(r)] = np.take_along_axis(part, order, axis=1) + lo
+        out[a : a + len(r)] = np.take_along_axis(part, order, axis=1) + lo
     return out
 
 
@@ -71,8 +74,9 @@ def _query_slots(rng: np.random.Generator, n: int, n_slots: int, k: int, power_a
     return np.argsort(-(log_p + rng.gumbel(size=(n, n_slots))), axis=1)[:, :k]
 
 
-def generate(n: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float,
-             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def generate(
+    n: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """n MQAR examples (layout in the module docstring).
 
     Returns (ids int64 [n, seq_len + 1], labels int64 [n, seq_len + 1]): the model reads
@@ -87,8 +91,8 @@ def generate(n: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: 
     ids = rng.integers(0, vocab_size, size=(n, seq_len + 1))  # the filler, as Zoology's randint(V)
     keys = _distinct(rng, n, 1, half, d)
     values = _distinct(rng, n, half, vocab_size, d)
-    ids[:, 0:2 * d:2] = keys
-    ids[:, 1:2 * d:2] = values
+    ids[:, 0 : 2 * d : 2] = keys
+    ids[:, 1 : 2 * d : 2] = values
     key_pos = 2 * d + 2 * _query_slots(rng, n, (seq_len - 2 * d) // 2, d, power_a)
     rows = np.arange(n)[:, None]
     ids[rows, key_pos] = keys  # pair i is queried at its i-th drawn slot, as in Zoology

@@ -88,8 +88,11 @@ def _list_files(patterns: list[str], corpus: CorpusConfig) -> list[_File]:
             fs, path = resolve(pattern)
             info = fs.get_file_info(path)
             if info.type == pafs.FileType.Directory:
-                found = [(i.path, os.path.relpath(i.path, path)) for i in
-                         fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.type == pafs.FileType.File]
+                found = [
+                    (i.path, os.path.relpath(i.path, path))
+                    for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                    if i.type == pafs.FileType.File
+                ]
             elif info.type == pafs.FileType.File:
                 found = [(path, posixpath_basename(path))]
             else:
@@ -103,8 +106,7 @@ def _list_files(patterns: list[str], corpus: CorpusConfig) -> list[_File]:
                 magic = re.search(r"[*?\[]", p)
                 base = p[: magic.start()] if magic else p
                 base = base if base.endswith(os.sep) else os.path.dirname(base)
-                found = [(q, os.path.relpath(q, base or ".")) for q in glob.glob(p, recursive=True)
-                         if os.path.isfile(q)]
+                found = [(q, os.path.relpath(q, base or ".")) for q in glob.glob(p, recursive=True) if os.path.isfile(q)]
             elif os.path.isfile(p):
                 found = [(p, os.path.basename(p))]
             else:
@@ -203,8 +205,7 @@ def _jsonl_rows(f: _File, corpus: CorpusConfig, stats: DecodeStats) -> Iterator[
             raise DataError(f"{corpus.label()}: {f.id} line {lineno} is not valid JSON ({e.msg})") from None
         if not isinstance(row, dict) or corpus.text_column not in row:
             keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise DataError(f"{corpus.label()}: {f.id} line {lineno} has no column '{corpus.text_column}' "
-                            f"(found {keys})")
+            raise DataError(f"{corpus.label()}: {f.id} line {lineno} has no column '{corpus.text_column}' (found {keys})")
         value = row[corpus.text_column]
         if value is not None:
             yield lineno, str(value)
@@ -242,8 +243,7 @@ def _hf_documents(corpus: CorpusConfig) -> Iterator[Document]:
         except Exception as e:  # hub unreachable, unknown dataset, ...
             raise DataError(f"{corpus.label()}: load_dataset failed ({e})") from None
         if corpus.text_column not in ds.column_names:
-            raise DataError(f"{corpus.label()}: split '{split_name}' has no column '{corpus.text_column}' "
-                            f"(columns: {ds.column_names})")
+            raise DataError(f"{corpus.label()}: split '{split_name}' has no column '{corpus.text_column}' (columns: {ds.column_names})")
         rows = ((i, t) for i, t in enumerate(ds[corpus.text_column]) if t is not None)
         yield from _group_rows(rows, boundary, split_name, split)
 

@@ -46,8 +46,7 @@ def read_manifest(location: str) -> dict | None:
     """The manifest of a prepared directory, or None when it is absent (not prepared)."""
     fs, path = resolve(location)
     try:
-        with fs.open_input_stream(posixpath.join(path, MANIFEST) if is_uri(location)
-                                  else os.path.join(path, MANIFEST)) as f:
+        with fs.open_input_stream(posixpath.join(path, MANIFEST) if is_uri(location) else os.path.join(path, MANIFEST)) as f:
             return json.loads(f.read())
     except (FileNotFoundError, OSError):
         return None
@@ -87,6 +86,5 @@ def publish(tmp_dir: str, dest: str) -> None:
     fs.create_dir(path, recursive=True)
     local = pafs.LocalFileSystem()
     for name in sorted(os.listdir(tmp_dir), key=lambda n: n == MANIFEST):
-        pafs.copy_files(os.path.join(tmp_dir, name), posixpath.join(path, name),
-                        source_filesystem=local, destination_filesystem=fs)
+        pafs.copy_files(os.path.join(tmp_dir, name), posixpath.join(path, name), source_filesystem=local, destination_filesystem=fs)
     shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -24,8 +24,7 @@ EOD_PIECE = "</s>"
 def sample_sentences(texts: Sequence[str], cfg: TokenizerConfig) -> list[str]:
     """Non-empty lines of `texts` (at most `max_sentence_length` bytes), sampled down to
     `max_sentences` with a fixed-seed draw so the tokenizer is reproducible."""
-    lines = [ln for t in texts for ln in t.split("\n")
-             if ln.strip() and len(ln.encode("utf-8")) <= cfg.max_sentence_length]
+    lines = [ln for t in texts for ln in t.split("\n") if ln.strip() and len(ln.encode("utf-8")) <= cfg.max_sentence_length]
     if len(lines) > cfg.max_sentences:
         keep = np.sort(np.random.default_rng(0).choice(len(lines), cfg.max_sentences, replace=False))
         lines = [lines[i] for i in keep]
@@ -44,27 +43,38 @@ def train_tokenizer(texts: Sequence[str], cfg: TokenizerConfig, label: str, num_
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model, model_type=cfg.kind,
-            vocab_size=cfg.vocab_size, byte_fallback=cfg.byte_fallback,
-            character_coverage=cfg.character_coverage, max_sentence_length=cfg.max_sentence_length,
-            normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
-            allow_whitespace_only_pieces=True, user_defined_symbols=["\n", "\t"],
-            input_sentence_size=0, num_threads=max(1, num_threads), minloglevel=2,
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            model_type=cfg.kind,
+            vocab_size=cfg.vocab_size,
+            byte_fallback=cfg.byte_fallback,
+            character_coverage=cfg.character_coverage,
+            max_sentence_length=cfg.max_sentence_length,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            add_dummy_prefix=False,
+            allow_whitespace_only_pieces=True,
+            user_defined_symbols=["\n", "\t"],
+            input_sentence_size=0,
+            num_threads=max(1, num_threads),
+            minloglevel=2,
         )
     except RuntimeError as e:
         msg = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
         if "too high" in msg:
-            raise DataError(f"{label}: tokenizer vocab_size={cfg.vocab_size} is larger than the corpus "
-                            f"supports ({msg})") from None
+            raise DataError(f"{label}: tokenizer vocab_size={cfg.vocab_size} is larger than the corpus supports ({msg})") from None
         if "required_chars" in msg:
-            raise DataError(f"{label}: tokenizer vocab_size={cfg.vocab_size} is too small for the corpus's "
-                            f"characters (raise vocab_size or lower character_coverage; {msg})") from None
+            raise DataError(
+                f"{label}: tokenizer vocab_size={cfg.vocab_size} is too small for the corpus's "
+                f"characters (raise vocab_size or lower character_coverage; {msg})"
+            ) from None
         raise DataError(f"{label}: tokenizer training failed ({msg})") from None
     proto = _canonical(model.getvalue())
     sp = spm.SentencePieceProcessor(model_proto=proto)
     if sp.get_piece_size() != cfg.vocab_size:
-        raise DataError(f"{label}: tokenizer vocab_size={cfg.vocab_size} is larger than the corpus supports "
-                        f"(trained only {sp.get_piece_size()} pieces)")
+        raise DataError(
+            f"{label}: tokenizer vocab_size={cfg.vocab_size} is larger than the corpus supports (trained only {sp.get_piece_size()} pieces)"
+        )
     return proto
 
 

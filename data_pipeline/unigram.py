@@ -55,8 +55,9 @@ def unigram_perplexity(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_s
         if a.size and not np.issubdtype(a.dtype, np.integer):
             raise DataError(f"unigram perplexity: {name} tokens must be integer ids, got dtype {a.dtype}")
         if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab_size):
-            raise DataError(f"unigram perplexity: {name} token ids span [{int(a.min())}, {int(a.max())}], "
-                            f"outside the vocabulary [0, {vocab_size})")
+            raise DataError(
+                f"unigram perplexity: {name} token ids span [{int(a.min())}, {int(a.max())}], outside the vocabulary [0, {vocab_size})"
+            )
     if not val.size:
         raise DataError("unigram perplexity: the val split has no token to score")
     log_p = np.log(np.bincount(train, minlength=vocab_size) + 1.0) - np.log(train.size + vocab_size)
@@ -89,8 +90,7 @@ def prepared_unigram(location: str, manifest: dict) -> dict[str, Any]:
         ppl = unigram_perplexity(train, val, v)
     except DataError as e:
         raise DataError(f"prepared data at {location}: {e}") from None
-    return {"val_ppl": ppl, "val_tokens": int(val.size), "train_tokens": int(train.size), "vocab_size": v,
-            "smoothing": SMOOTHING}
+    return {"val_ppl": ppl, "val_tokens": int(val.size), "train_tokens": int(train.size), "vocab_size": v, "smoothing": SMOOTHING}
 
 
 def unigram_of(location: str, manifest: dict) -> dict[str, Any]:

@@ -11,6 +11,7 @@ sum against torch's FlopCounterMode. The same seed gives every variant the same 
 weights (`model.init`). Configs, presets, the registry and the counts (`model.counts`) import
 no torch; `GPT` loads it on first use. No distributed code lives here.
 """
+
 from typing import Any
 
 from model.config import VARIANTS, ModelConfig
@@ -18,8 +19,19 @@ from model.counts import ModelCounts, count_model
 from model.presets import PRESETS, build_config
 from model.registry import REGISTRY, Variant, get_variant, register
 
-__all__ = ["GPT", "ModelConfig", "ModelCounts", "PRESETS", "REGISTRY", "VARIANTS", "Variant", "build_config",
-           "count_model", "get_variant", "register"]
+__all__ = [
+    "GPT",
+    "ModelConfig",
+    "ModelCounts",
+    "PRESETS",
+    "REGISTRY",
+    "VARIANTS",
+    "Variant",
+    "build_config",
+    "count_model",
+    "get_variant",
+    "register",
+]
 
 
 def __getattr__(name: str) -> Any:

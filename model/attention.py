@@ -4,6 +4,7 @@ A variant swaps only the middle stage (`model.coupled`) and/or the scoring kerne
 (`model.scoring`), as its `model.registry` entry says; the fused QKV projection and the
 output projection are shared by all.
 """
+
 from __future__ import annotations
 
 from typing import cast
@@ -49,5 +50,4 @@ class CausalSelfAttention(nn.Module):
         """Forward FLOPs per token: QKV 6*d^2 + output 2*d^2 + transform + scoring (model
         FLOPs; executed=True: what the kernels run, `model.registry.stage_flops`)."""
         d = self.d_model
-        return (2 * d * 3 * d + 2 * d * d + stage_flops(self.qk_transform, seq_len, executed)
-                + stage_flops(self.scoring, seq_len, executed))
+        return 2 * d * 3 * d + 2 * d * d + stage_flops(self.qk_transform, seq_len, executed) + stage_flops(self.scoring, seq_len, executed)

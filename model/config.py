@@ -10,6 +10,7 @@ flat: `ModelConfig(variant="coupled", n_steps=3)` is accepted and `model_dump()`
 beside the shape fields, so `ModelConfig(**cfg.model_dump()) == cfg` and MLflow params
 read `model.n_steps`.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,9 +64,7 @@ class ModelConfig(BaseModel):
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if get_variant(self.variant).paired_heads and self.n_head % 2:
-            raise ValueError(
-                f"variant {self.variant!r} splits heads into pairs: n_head={self.n_head} must be even"
-            )
+            raise ValueError(f"variant {self.variant!r} splits heads into pairs: n_head={self.n_head} must be even")
         return self
 
     @model_serializer(mode="wrap")

@@ -18,6 +18,7 @@ Backbone, per layer (d = d_model, no biases): QKV 3d^2 + output d^2 + MLP 8d^2 w
 LayerNorm weights 2d; forward FLOPs QKV 6d^2 + output 2d^2 + MLP 16d^2 + scores 2Td + AV 2Td.
 Plus the final LayerNorm (d), embeddings (V d + T d), LM head (V d weights, 2 d V FLOPs).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple

@@ -39,6 +39,7 @@ it, the hand-fused autograd Functions, or torch.compile of it (`model.fused_qk`,
 Options (`DynamicsOptions`, `CoupledOptions`, defined torch-free in `model.options`) and the factories `coupled_qk` / `uncoupled_qk`
 are what `model.registry` names for the variants built from these transforms.
 """
+
 from __future__ import annotations
 
 import math
@@ -124,8 +125,9 @@ def _dt_per_channel(dt: torch.Tensor, head_dim: int) -> torch.Tensor:
     return dt.expand(-1, head_dim).reshape(-1)
 
 
-def coupled_flow(q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, w: Weights, integrator: str,
-                 n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def coupled_flow(
+    q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, w: Weights, integrator: str, n_steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager coupled dynamics (module docstring): q, k [B, T, H, D], dt [H, 1], w = f's
     (w1, b1, w2, b2) -> (q', k'). A function of its arguments only, so one torch.compile of
     it serves every layer (`model.fused_qk`)."""
@@ -171,8 +173,7 @@ class IdentityQK(nn.Module):
 class DynamicsQK(nn.Module):
     """Shared state of the learned-dynamics transforms: f, per-head dt, step count."""
 
-    def __init__(self, n_head: int, head_dim: int, hidden: int, sharing: str,
-                 n_steps: int, dt_init: float):
+    def __init__(self, n_head: int, head_dim: int, hidden: int, sharing: str, n_steps: int, dt_init: float):
         super().__init__()
         if not 1 <= n_steps <= 7:
             raise ValueError(f"n_steps must be in 1..7, got {n_steps}")
@@ -206,8 +207,7 @@ class CoupledQK(DynamicsQK):
     forward(q, k): q, k [B, T, H, head_dim] -> (q', k') of the same shape.
     """
 
-    def __init__(self, n_head: int, head_dim: int, hidden: int, sharing: str,
-                 n_steps: int, dt_init: float, integrator: str):
+    def __init__(self, n_head: int, head_dim: int, hidden: int, sharing: str, n_steps: int, dt_init: float, integrator: str):
         super().__init__(n_head, head_dim, hidden, sharing, n_steps, dt_init)
         if integrator not in ("euler", "leapfrog"):
             raise ValueError(f"integrator must be 'euler' or 'leapfrog', got {integrator!r}")
@@ -235,8 +235,14 @@ class UncoupledQK(DynamicsQK):
 
 
 def _dynamics_args(cfg: ModelConfig, o: DynamicsOptions) -> dict:
-    return dict(n_head=cfg.n_head, head_dim=cfg.head_dim, hidden=o.coupling_hidden or cfg.head_dim,
-                sharing=o.coupling_sharing, n_steps=o.n_steps, dt_init=o.dt_init)
+    return dict(
+        n_head=cfg.n_head,
+        head_dim=cfg.head_dim,
+        hidden=o.coupling_hidden or cfg.head_dim,
+        sharing=o.coupling_sharing,
+        n_steps=o.n_steps,
+        dt_init=o.dt_init,
+    )
 
 
 def coupled_qk(cfg: ModelConfig) -> CoupledQK:

@@ -22,6 +22,7 @@ inside `gather(lambda_parameters(model))`: under DeepSpeed ZeRO-3 pass
 `gather=deepspeed.zero.GatheredParameters` (this package imports no DeepSpeed). A lambda
 vector that is still partitioned (empty) raises instead of silently reading lambda_init.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,8 +70,7 @@ def _blocks(model: GPT) -> list[Any]:
 def lambda_parameters(model: GPT) -> list[nn.Parameter]:
     """Every parameter the diagnostics read outside a module's forward: the lambda vectors of
     each differential layer (empty for variants without them). Gather these under ZeRO-3."""
-    return [p for b in _blocks(model) if isinstance(b.attn.scoring, DifferentialScoring)
-            for p in b.attn.scoring.lambda_parameters()]
+    return [p for b in _blocks(model) if isinstance(b.attn.scoring, DifferentialScoring) for p in b.attn.scoring.lambda_parameters()]
 
 
 def layer_lambdas(model: GPT, gather: Gather | None = None) -> list[float | None]:
@@ -82,10 +82,14 @@ def layer_lambdas(model: GPT, gather: Gather | None = None) -> list[float | None
     params = lambda_parameters(model)
     with gather(params) if gather is not None and params else contextlib.nullcontext():
         if any(p.numel() == 0 for p in params):
-            raise RuntimeError("differential lambda parameters are partitioned (ZeRO-3): pass "
-                               "gather=deepspeed.zero.GatheredParameters to attention_diagnostics")
-        return [float(b.attn.scoring.lambda_full().detach()) if isinstance(b.attn.scoring, DifferentialScoring) else None
-                for b in _blocks(model)]
+            raise RuntimeError(
+                "differential lambda parameters are partitioned (ZeRO-3): pass "
+                "gather=deepspeed.zero.GatheredParameters to attention_diagnostics"
+            )
+        return [
+            float(b.attn.scoring.lambda_full().detach()) if isinstance(b.attn.scoring, DifferentialScoring) else None
+            for b in _blocks(model)
+        ]
 
 
 def _layer_inputs(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -116,8 +120,7 @@ def window_stats(model: GPT, idx: torch.Tensor, batch_size: int = 8, gather: Gat
         chunks = []  # [L, 3, B] per chunk of windows
         for part in idx.split(batch_size):
             inputs = _layer_inputs(model, part)
-            chunks.append(torch.stack([_window_stats(b.attn.attention_map(x, lam))
-                                       for b, x, lam in zip(_blocks(model), inputs, lambdas)]))
+            chunks.append(torch.stack([_window_stats(b.attn.attention_map(x, lam)) for b, x, lam in zip(_blocks(model), inputs, lambdas)]))
     finally:
         model.train(was_training)
     return torch.cat(chunks, dim=-1)
@@ -135,7 +138,7 @@ def sharded_stats(model: GPT, idx: torch.Tensor, rank: int, world: int, gather: 
     windows = idx.shape[0]
     mine = list(range(rank, windows, world))
     share = -(-windows // world)
-    stats = window_stats(model, idx[mine + [0] * (share - len(mine))], gather=gather)[..., :len(mine)].cpu()
+    stats = window_stats(model, idx[mine + [0] * (share - len(mine))], gather=gather)[..., : len(mine)].cpu()
     whole = torch.zeros(stats.shape[0], stats.shape[1], windows, dtype=torch.float64)
     whole[..., mine] = stats
     return whole
@@ -158,8 +161,7 @@ def summarize(stats: torch.Tensor) -> dict[str, float]:
     return out
 
 
-def attention_diagnostics(model: GPT, idx: torch.Tensor, batch_size: int = 8,
-                          gather: Gather | None = None) -> dict[str, float]:
+def attention_diagnostics(model: GPT, idx: torch.Tensor, batch_size: int = 8, gather: Gather | None = None) -> dict[str, float]:
     """Diagnostics of `model` on probe windows idx [W, T] (T >= 2), as MLflow-ready keys:
     `summarize` of `window_stats` (see both). Raises ValueError if idx is not [W, T], T >= 2."""
     return summarize(window_stats(model, idx, batch_size, gather))

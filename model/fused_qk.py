@@ -31,6 +31,7 @@ b1 [G, hidden], w2 [G, head_dim, hidden], b2 [G, head_dim] with G = 1 (shared by
 layer's heads) or H (one f per head). Inside, tensors are [N, H, head_dim] with N = B * T,
 and f runs on [G, M, head_dim] groups (G = 1: M = N * H rows, one GEMM; G = H: M = N).
 """
+
 from __future__ import annotations
 
 import functools
@@ -102,16 +103,14 @@ def _f_forward(x: torch.Tensor, w: Weights) -> tuple[torch.Tensor, tuple[torch.T
     return _from_groups(torch.baddbmm(b2.unsqueeze(1), h, w2.transpose(1, 2)), x.shape[1]), (xg, pre, h)
 
 
-def _f_backward(g: torch.Tensor, saved: tuple[torch.Tensor, ...], w: Weights,
-                grads: list[torch.Tensor | None]) -> torch.Tensor:
+def _f_backward(g: torch.Tensor, saved: tuple[torch.Tensor, ...], w: Weights, grads: list[torch.Tensor | None]) -> torch.Tensor:
     """Gradient of f's input for output gradient g [N, H, D]; adds f's weight gradients
     (w1, b1, w2, b2 order) into grads."""
     w1, _, w2, _ = w
     xg, pre, h = saved
     gg = _to_groups(g, w1.shape[0])
     gpre = torch.ops.aten.silu_backward(torch.bmm(gg, w2), pre)
-    for i, gw in enumerate((torch.bmm(gpre.transpose(1, 2), xg), gpre.sum(1),
-                            torch.bmm(gg.transpose(1, 2), h), gg.sum(1))):
+    for i, gw in enumerate((torch.bmm(gpre.transpose(1, 2), xg), gpre.sum(1), torch.bmm(gg.transpose(1, 2), h), gg.sum(1))):
         acc = grads[i]
         grads[i] = gw if acc is None else acc.add_(gw)
     return _from_groups(torch.bmm(gpre, w1), g.shape[1])
@@ -153,7 +152,7 @@ class _Saved:
     def load(ctx: Any) -> dict[str, list[torch.Tensor]]:
         flat, out, i = ctx.saved_tensors, {}, 0
         for name, n in zip(ctx.names, ctx.sizes):
-            out[name], i = list(flat[i:i + n]), i + n
+            out[name], i = list(flat[i : i + n]), i + n
         return out
 
 
@@ -188,8 +187,17 @@ class _Euler(torch.autograd.Function):
     """q' = q + dt k ; k' = k + dt f(q), n_steps times (see `model.coupled`)."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, w1: torch.Tensor,
-                b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, n_steps: int) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        dt: torch.Tensor,
+        w1: torch.Tensor,
+        b1: torch.Tensor,
+        w2: torch.Tensor,
+        b2: torch.Tensor,
+        n_steps: int,
+    ) -> tuple[torch.Tensor, ...]:
         ctx.shape, ctx.n_steps, w = q.shape, n_steps, (w1, b1, w2, b2)
         q, k, dtc = _flat(q), _flat(k), _per_channel(dt, q.shape[-1])
         keep = _new_keep("k")
@@ -222,8 +230,17 @@ class _Leapfrog(torch.autograd.Function):
     ends (dt/2 times the gradient of the key it kicks)."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, w1: torch.Tensor,
-                b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, n_steps: int) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        dt: torch.Tensor,
+        w1: torch.Tensor,
+        b1: torch.Tensor,
+        w2: torch.Tensor,
+        b2: torch.Tensor,
+        n_steps: int,
+    ) -> tuple[torch.Tensor, ...]:
         ctx.shape, ctx.n_steps, w = q.shape, n_steps, (w1, b1, w2, b2)
         q, k, dtc = _flat(q), _flat(k), _per_channel(dt, q.shape[-1])
         half, keep = 0.5 * dtc, _new_keep("kh")
@@ -257,8 +274,9 @@ class _Uncoupled(torch.autograd.Function):
     """q' = q + dt f(q), n_steps times; k is not an input (it passes unchanged)."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, dt: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor,
-                w2: torch.Tensor, b2: torch.Tensor, n_steps: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, q: torch.Tensor, dt: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, n_steps: int
+    ) -> torch.Tensor:
         ctx.shape, ctx.n_steps, w = q.shape, n_steps, (w1, b1, w2, b2)
         q, dtc = _flat(q), _per_channel(dt, q.shape[-1])
         keep = _new_keep()
@@ -278,8 +296,9 @@ class _Uncoupled(torch.autograd.Function):
         return gq.reshape(ctx.shape), _dt_grad(buf), *grads, None
 
 
-def fused_coupled(q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, w: Weights, integrator: str,
-                  n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_coupled(
+    q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, w: Weights, integrator: str, n_steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused `model.coupled.coupled_flow`: same arguments, same result to float tolerance."""
     fn = _Leapfrog if integrator == "leapfrog" else _Euler
     return fn.apply(q, k, dt, *w, n_steps)

@@ -24,6 +24,7 @@ Counting conventions (DESIGN.md):
   `executed=True`, `model.counts.ModelCounts.executed_flops_per_token`) are a separate number.
 Whole-model counts of a config, without building it, are `model.counts` (above this module).
 """
+
 from __future__ import annotations
 
 import math
@@ -134,8 +135,7 @@ class GPT(nn.Module):
         stage = tuple(f".attn.{s}." for s in STAGES)
         return {n: p for n, p in self.named_parameters() if not any(s in n for s in stage)}
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds cfg.seq_len={self.cfg.seq_len}")
@@ -163,4 +163,3 @@ class GPT(nn.Module):
         T = self.cfg.seq_len if seq_len is None else seq_len
         blocks: list[Block] = list(self.blocks)  # type: ignore[arg-type]
         return sum(b.num_flops_per_token(T, executed) for b in blocks) + 2 * self.cfg.d_model * self.cfg.vocab_size
-

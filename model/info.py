@@ -17,6 +17,7 @@ vocabulary the LM head no longer dominates, and the variant-minus-standard diffe
 (measured vs analytic) isolates exactly what the variant adds; matmul FLOPs are integers, so
 the two agree exactly when the count is right.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -45,8 +46,7 @@ def measure_flops_per_token(cfg: ModelConfig, seq_len: int | None = None, seed: 
     return counter.get_total_flops() / T
 
 
-def model_info(preset: str, variant: str, seq_len: int | None = None,
-               vocab_size: int | None = None, **variant_options: Any) -> dict:
+def model_info(preset: str, variant: str, seq_len: int | None = None, vocab_size: int | None = None, **variant_options: Any) -> dict:
     """Sizes of a preset/variant (what `qkstudy model info --json` prints).
 
     Returns keys preset, variant, seq_len, vocab_size, n_params (N, non-embedding),
@@ -58,8 +58,7 @@ def model_info(preset: str, variant: str, seq_len: int | None = None,
     """
     if preset not in PRESETS:  # checked here too, so the error precedes any work
         raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
-    cfg = build_config(preset, variant, vocab_size=vocab_size or DEFAULT_VOCAB_SIZE,
-                       seq_len=seq_len, **variant_options)
+    cfg = build_config(preset, variant, vocab_size=vocab_size or DEFAULT_VOCAB_SIZE, seq_len=seq_len, **variant_options)
     counts = count_model(cfg)
     return {
         "preset": preset,

@@ -8,6 +8,7 @@ shared parameter uses. Values are drawn in float32 on the CPU and copied into th
 parameter, so they are also the same on every device and dtype. Meta tensors (used by
 `model.counts.count_instantiated` and `Variant.contributions`) hold no values and are skipped.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,20 @@ class NoInitOnMeta(TorchFunctionMode):
     they hold no values, and torch routes them through Python decompositions whose first
     call imports torch._dynamo (seconds). Used to count a model without allocating it."""
 
-    _INIT = {"normal_", "uniform_", "fill_", "zero_", "ones_", "zeros_", "constant_",
-             "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "trunc_normal_"}
+    _INIT = {
+        "normal_",
+        "uniform_",
+        "fill_",
+        "zero_",
+        "ones_",
+        "zeros_",
+        "constant_",
+        "kaiming_uniform_",
+        "kaiming_normal_",
+        "xavier_uniform_",
+        "xavier_normal_",
+        "trunc_normal_",
+    }
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -4,13 +4,13 @@ Each metric returns sums (not means) as tensors on the input's device, so a call
 batches and all-reduces them over ranks before dividing once: the result is then the same for any
 batching or number of workers.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
     """(correct, count): labelled positions whose argmax prediction equals the target, and the
     number of labelled positions; int64 scalar tensors on logits' device.
 
@@ -21,8 +21,9 @@ def token_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: in
     Raises ValueError when the shapes do not match.
     """
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
-        raise ValueError(f"token_accuracy: logits must be [B, T, V] and targets [B, T], got "
-                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"token_accuracy: logits must be [B, T, V] and targets [B, T], got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
     with torch.no_grad():
         labelled = targets != ignore_index
         hits = (logits.argmax(dim=-1) == targets) & labelled

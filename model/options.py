@@ -1,5 +1,6 @@
 """Options of the learned-dynamics variants, torch-free (config validation, the planner and
 the analytic counts read them without importing torch; `model.coupled` builds from them)."""
+
 from __future__ import annotations
 
 from typing import Literal

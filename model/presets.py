@@ -17,6 +17,7 @@ CPU scales (head_dim 32, train in minutes on a laptop; N for `standard`):
 cpu-xs 3 x 128 (4 heads, T 128, N 0.59M), cpu-s 5 x 192 (6 heads, T 256, N 2.2M),
 cpu-m 8 x 256 (8 heads, T 256, N 6.3M).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,8 +50,10 @@ PRESETS: dict[str, Preset] = {
     "350m": Preset(22, 1024, 16, 1024, "350M total"),
 }
 
-def build_config(scale: str, variant: str, *, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                 seq_len: int | None = None, **variant_options: Any) -> ModelConfig:
+
+def build_config(
+    scale: str, variant: str, *, vocab_size: int = DEFAULT_VOCAB_SIZE, seq_len: int | None = None, **variant_options: Any
+) -> ModelConfig:
     """Config for a preset scale and variant.
 
     Args:
@@ -67,5 +70,12 @@ def build_config(scale: str, variant: str, *, vocab_size: int = DEFAULT_VOCAB_SI
         raise ValueError(f"unknown scale {scale!r}; allowed: {', '.join(PRESETS)}")
     options = resolve_options(variant, variant_options)  # plain ValueError before pydantic's
     p = PRESETS[scale]
-    return ModelConfig(vocab_size=vocab_size, seq_len=seq_len or p.seq_len, n_layer=p.n_layer,
-                       d_model=p.d_model, n_head=p.n_head, variant=variant, options=options)
+    return ModelConfig(
+        vocab_size=vocab_size,
+        seq_len=seq_len or p.seq_len,
+        n_layer=p.n_layer,
+        d_model=p.d_model,
+        n_head=p.n_head,
+        variant=variant,
+        options=options,
+    )

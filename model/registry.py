@@ -23,6 +23,7 @@ The stage contract the rest of `model/` relies on:
   entry's counts, or `Variant.contributions` where it gives none, to the backbone's.
   Stage factories are named lazily (`lazy("module:function")`), so this table imports no torch.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -33,13 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from model.options import CoupledOptions, DynamicsOptions
-from model.stage_counts import (
-    Contributions,
-    coupled_counts,
-    coupled_differential_counts,
-    differential_counts,
-    uncoupled_counts,
-)
+from model.stage_counts import Contributions, coupled_counts, coupled_differential_counts, differential_counts, uncoupled_counts
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +42,7 @@ if TYPE_CHECKING:
 
     from model.config import ModelConfig
 
-__all__ = ["CONFIG_FIELDS", "REGISTRY", "VARIANTS", "Variant", "get_variant", "register", "resolve_options",
-           "stage_flops"]
+__all__ = ["CONFIG_FIELDS", "REGISTRY", "VARIANTS", "Variant", "get_variant", "register", "resolve_options", "stage_flops"]
 
 # ModelConfig's own fields: options may not reuse these names (they travel flat beside them).
 CONFIG_FIELDS = frozenset({"vocab_size", "seq_len", "n_layer", "d_model", "n_head", "variant", "options"})
@@ -181,8 +175,7 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     try:
         return variant.options(**options).model_dump()
     except ValidationError as e:
-        problems = "; ".join(f"option {'.'.join(map(str, err['loc']))}: {err['msg']} (got {err['input']!r})"
-                             for err in e.errors())
+        problems = "; ".join(f"option {'.'.join(map(str, err['loc']))}: {err['msg']} (got {err['input']!r})" for err in e.errors())
         raise ValueError(f"variant {name!r}: {problems}") from None
 
 
@@ -200,11 +193,35 @@ def lazy(path: str) -> Callable[..., Any]:
 
 _COUPLED, _DIFFERENTIAL = lazy("model.coupled:coupled_qk"), lazy("model.scoring:differential_scoring")
 register(Variant("standard", "softmax attention through fused SDPA"))
-register(Variant("coupled", "coupled QK dynamics (Euler or leapfrog), then SDPA", CoupledOptions,
-                 qk_transform=_COUPLED, counts=coupled_counts))
-register(Variant("uncoupled_mlp", "control: q' = q + dt * f(q), k unchanged, then SDPA", DynamicsOptions,
-                 qk_transform=lazy("model.coupled:uncoupled_qk"), counts=uncoupled_counts))
-register(Variant("differential", "Differential Attention (A1 - lambda * A2 over head pairs)",
-                 scoring=_DIFFERENTIAL, paired_heads=True, counts=differential_counts))
-register(Variant("coupled_differential", "coupled QK dynamics, then differential scoring", CoupledOptions,
-                 qk_transform=_COUPLED, scoring=_DIFFERENTIAL, paired_heads=True, counts=coupled_differential_counts))
+register(
+    Variant("coupled", "coupled QK dynamics (Euler or leapfrog), then SDPA", CoupledOptions, qk_transform=_COUPLED, counts=coupled_counts)
+)
+register(
+    Variant(
+        "uncoupled_mlp",
+        "control: q' = q + dt * f(q), k unchanged, then SDPA",
+        DynamicsOptions,
+        qk_transform=lazy("model.coupled:uncoupled_qk"),
+        counts=uncoupled_counts,
+    )
+)
+register(
+    Variant(
+        "differential",
+        "Differential Attention (A1 - lambda * A2 over head pairs)",
+        scoring=_DIFFERENTIAL,
+        paired_heads=True,
+        counts=differential_counts,
+    )
+)
+register(
+    Variant(
+        "coupled_differential",
+        "coupled QK dynamics, then differential scoring",
+        CoupledOptions,
+        qk_transform=_COUPLED,
+        scoring=_DIFFERENTIAL,
+        paired_heads=True,
+        counts=coupled_differential_counts,
+    )
+)

@@ -31,6 +31,7 @@ separate number, never used in budgets: what the fused form runs, AV 4*T*d_model
 are applied to the value), which is also what FlopCounterMode counts under the math backend;
 the CPU flash path's zero padding of q, k (another 2*T*d_model of scores) is in neither.
 """
+
 from __future__ import annotations
 
 import math
@@ -135,7 +136,7 @@ class DifferentialScoring(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         if q.device.type == "cpu" and torch.backends.cuda.flash_sdp_enabled():
             q, k = F.pad(q, (0, D)), F.pad(k, (0, D))  # CPU flash needs equal head dims
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=D ** -0.5)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=D**-0.5)
         y = y.view(B, H // 2, 2, T, 2 * D)
         y = y[:, :, 0] - self.lambda_full().to(y.dtype) * y[:, :, 1]
         y = self.subln(y) * (1.0 - self.lambda_init)

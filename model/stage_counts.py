@@ -7,6 +7,7 @@ Conventions as `model.counts`: parameters are all non-embedding; FLOPs are forwa
 FLOPs per token at cfg.seq_len (matmuls only, 2 per multiply-add), summed over all layers;
 executed FLOPs (what a fused kernel runs) only where a stage runs more than the definition.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple

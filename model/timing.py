@@ -9,6 +9,7 @@ A variant spec is NAME or NAME:opt=value,opt=value with options of `build_config
 impl=auto|eager|fused|compile (how its QK transform runs, `model.fused_qk`). The step-time
 benchmark (`python -m benchmarks.model_steps`) and ``qkstudy calibrate`` time the same steps.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,6 +70,7 @@ class StepOptions:
 @dataclass
 class StepRun:
     """One variant under timing: its config, model (seed 0), AdamW and fixed batch."""
+
     spec: str
     cfg: ModelConfig
     model: GPT
@@ -77,8 +79,9 @@ class StepRun:
     impl: str  # the model's QK implementation setting
 
 
-def build_runs(preset: str, specs: list[str], batch_size: int, vocab_size: int, seq_len: int | None,
-               device: str, impl: str) -> list[StepRun]:
+def build_runs(
+    preset: str, specs: list[str], batch_size: int, vocab_size: int, seq_len: int | None, device: str, impl: str
+) -> list[StepRun]:
     """One model (seed 0), AdamW and fixed batch per spec; 'standard' first. A spec's impl=
     option overrides impl. Raises ValueError for a bad spec or impl."""
     if specs[0] != "standard":
@@ -121,9 +124,17 @@ def timed_steps(run: StepRun, steps: int, options: StepOptions) -> tuple[float, 
     return wall, cpu, (torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None
 
 
-def tokens_per_second(preset: str, specs: list[str], steps: int, batch_size: int, vocab_size: int,
-                      seq_len: int | None, device: str, warmup: int = 1,
-                      options: StepOptions = StepOptions()) -> dict[str, float]:
+def tokens_per_second(
+    preset: str,
+    specs: list[str],
+    steps: int,
+    batch_size: int,
+    vocab_size: int,
+    seq_len: int | None,
+    device: str,
+    warmup: int = 1,
+    options: StepOptions = StepOptions(),
+) -> dict[str, float]:
     """{spec: tokens per wall-clock second} of ``steps`` timed optimizer steps of each spec,
     after ``warmup`` untimed steps each (a compiled transform compiles then); the specs are
     timed one after another in their order, 'standard' first (``build_runs``).

@@ -37,8 +37,12 @@ logging.getLogger("alembic").setLevel(logging.WARNING)
 apply_http_env()
 
 # A traceback never lists local variables: they hold tracking URIs with their passwords.
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
-                  help="Compute-matched scaling studies of attention variants.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="Compute-matched scaling studies of attention variants.",
+)
 data_app = typer.Typer(no_args_is_help=True, help="Prepare corpora into token shards.")
 model_app = typer.Typer(no_args_is_help=True, help="Inspect model presets and variants.")
 app.add_typer(data_app, name="data")
@@ -46,6 +50,8 @@ app.add_typer(model_app, name="model")
 
 # Wide tables when piped (CI logs, `| less`); the terminal width otherwise.
 out = Console(width=None if sys.stdout.isatty() else 200)
+
+
 def _load(spec: Path):
     from orchestrator.plan.spec import load_spec
 
@@ -73,8 +79,10 @@ def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> Non
     s = _load(spec)
     runs = _planned(s)  # a spec that cannot be planned is not valid either
     n = lambda k, word: f"{k} {word}{'' if k == 1 else 's'}"  # noqa: E731
-    out.print(f"{spec}: ok ({s.name}: {n(len(s.scales), 'scale')} x {n(len(s.variants), 'variant')} x "
-              f"{n(len(s.seeds), 'seed')}, {n(len(runs), 'run')})")
+    out.print(
+        f"{spec}: ok ({s.name}: {n(len(s.scales), 'scale')} x {n(len(s.variants), 'variant')} x "
+        f"{n(len(s.seeds), 'seed')}, {n(len(runs), 'run')})"
+    )
 
 
 @app.command()
@@ -88,11 +96,15 @@ def schema() -> None:
 
 @app.command("plan")
 @input_errors
-def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
-             as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list."),
-             write_runs: Path | None = typer.Option(None, "--write-runs", help="Also write each run as DIR/<run_id>.yaml (for `qkstudy train`)."),
-             seed_sd: float | None = typer.Option(None, "--seed-sd", min=0, help="Declared std of an arm's final loss across seeds (nats): print the smallest gap the study detects."),
-             gap: float | None = typer.Option(None, "--gap", min=0, help="With --seed-sd: also print the seeds needed to detect this gap (nats).")) -> None:
+def plan_cmd(
+    spec: Path = typer.Argument(..., help="Study spec (YAML)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list."),
+    write_runs: Path | None = typer.Option(None, "--write-runs", help="Also write each run as DIR/<run_id>.yaml (for `qkstudy train`)."),
+    seed_sd: float | None = typer.Option(
+        None, "--seed-sd", min=0, help="Declared std of an arm's final loss across seeds (nats): print the smallest gap the study detects."
+    ),
+    gap: float | None = typer.Option(None, "--gap", min=0, help="With --seed-sd: also print the seeds needed to detect this gap (nats)."),
+) -> None:
     """Print the compute-matched runs of a study before anything runs."""
     from orchestrator.cli_files import write_run_files
     from orchestrator.cli_tables import plan_rows, plan_table, power_text
@@ -124,11 +136,13 @@ def plan_cmd(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
 
 @app.command()
 @input_errors
-def calibrate(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
-              address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
-              repeats: int = typer.Option(7, help="Timed repeats per (scale, variant), interleaved (median)."),
-              max_spread: float = typer.Option(0.05, help="Largest (max - min) / median of an entry's repeats."),
-              allow_noisy: bool = typer.Option(False, "--allow-noisy", help="Warn, not refuse, when noisy or loaded.")) -> None:
+def calibrate(
+    spec: Path = typer.Argument(..., help="Study spec (YAML)."),
+    address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
+    repeats: int = typer.Option(7, help="Timed repeats per (scale, variant), interleaved (median)."),
+    max_spread: float = typer.Option(0.05, help="Largest (max - min) / median of an entry's repeats."),
+    allow_noisy: bool = typer.Option(False, "--allow-noisy", help="Warn, not refuse, when noisy or loaded."),
+) -> None:
     """Measure tokens/s of every (scale, variant) on the study's hardware (for wallclock budgets)."""
     from orchestrator.cli_tables import calibration_table
     from orchestrator.run.driver import calibrate as measure
@@ -146,10 +160,12 @@ def calibrate(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
 
 @app.command()
 @input_errors
-def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
-        address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs."),
-        wait: bool = typer.Option(False, "--wait", help="If another driver runs this study, wait for it to end, then train what is left.")) -> None:
+def run(
+    spec: Path = typer.Argument(..., help="Study spec (YAML)."),
+    address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs."),
+    wait: bool = typer.Option(False, "--wait", help="If another driver runs this study, wait for it to end, then train what is left."),
+) -> None:
     """Run a study: train every planned run not already finished in MLflow."""
     from orchestrator.plan.paths import check_local_corpus_paths
     from orchestrator.plan.spec import SpecError
@@ -172,11 +188,13 @@ def run(spec: Path = typer.Argument(..., help="Study spec (YAML)."),
 
 @app.command()
 @input_errors
-def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written by `qkstudy plan --write-runs`)."),
-          tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default runs/<study>/mlflow.db)."),
-          storage_path: str | None = typer.Option(None, "--storage", help="Ray Train storage (default runs/<study>/ray)."),
-          address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
-          verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
+def train(
+    run_file: Path = typer.Argument(..., help="One run (YAML/JSON written by `qkstudy plan --write-runs`)."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default runs/<study>/mlflow.db)."),
+    storage_path: str | None = typer.Option(None, "--storage", help="Ray Train storage (default runs/<study>/ray)."),
+    address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
     """Train one run, for debugging, on the same code path as `qkstudy run`."""
     from orchestrator.cli_files import load_run_file
     from orchestrator.plan.spec import default_workdir
@@ -188,8 +206,15 @@ def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written 
         check_tracking_uri(tracking_uri, "--tracking-uri")
     run_spec = load_run_file(run_file)
     work = default_workdir(run_spec.study)
-    res = run_runs([run_spec], run_spec.study, tracking_uri or default_tracking_uri(work), storage_path or str(work / "ray"),
-                   address=address, console=err, verbose=verbose)
+    res = run_runs(
+        [run_spec],
+        run_spec.study,
+        tracking_uri or default_tracking_uri(work),
+        storage_path or str(work / "ray"),
+        address=address,
+        console=err,
+        verbose=verbose,
+    )
     st = res.status.get(run_spec.run_id)
     err.print(f"{run_spec.run_name}: {st} {res.reasons.get(run_spec.run_id, '')}")
     if not res.ok:
@@ -198,14 +223,18 @@ def train(run_file: Path = typer.Argument(..., help="One run (YAML/JSON written 
 
 @app.command()
 @input_errors
-def report(study: str = typer.Argument(..., help="Study name or spec path."),
-           out_dir: Path | None = typer.Option(None, "--out", help="Output folder (default runs/<study>/report)."),
-           tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's store)."),
-           reference: str | None = typer.Option(None, help="Reference variant (default: the spec's, else standard)."),
-           target_variant: str = typer.Option("coupled", "--target", help="Variant whose token ratio is the headline."),
-           corpus: str | None = typer.Option(None, help="Only this corpus (default: one report per corpus)."),
-           no_log: bool = typer.Option(False, "--no-log", help="Do not log the report as an MLflow run."),
-           as_json: bool = typer.Option(False, "--json", help="Print the per-scale summary as JSON.")) -> None:
+def report(
+    study: str = typer.Argument(..., help="Study name or spec path."),
+    out_dir: Path | None = typer.Option(None, "--out", help="Output folder (default runs/<study>/report)."),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's store)."
+    ),
+    reference: str | None = typer.Option(None, help="Reference variant (default: the spec's, else standard)."),
+    target_variant: str = typer.Option("coupled", "--target", help="Variant whose token ratio is the headline."),
+    corpus: str | None = typer.Option(None, help="Only this corpus (default: one report per corpus)."),
+    no_log: bool = typer.Option(False, "--no-log", help="Do not log the report as an MLflow run."),
+    as_json: bool = typer.Option(False, "--json", help="Print the per-scale summary as JSON."),
+) -> None:
     """Build the study's report from MLflow alone: curves, token ratio, tables, plots."""
     from orchestrator.plan.spec import default_workdir
     from orchestrator.report import build_report
@@ -220,11 +249,11 @@ def report(study: str = typer.Argument(..., help="Study name or spec path."),
         planned, notes = plan_against(spec, study_records(name, uri))  # on the data MLflow's runs used
         for line in notes:
             err.print(f"[yellow]warning[/]: {escape(line)}")
-        expected = [{"variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend, "corpus": r.corpus_name}
-                    for r in planned]
+        expected = [{"variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend, "corpus": r.corpus_name} for r in planned]
     target = out_dir or default_workdir(name) / "report"
-    summary = build_report(name, uri, target, reference=ref or "standard", target=target_variant,
-                           log_to_mlflow=not no_log, expected=expected, corpus=corpus)
+    summary = build_report(
+        name, uri, target, reference=ref or "standard", target=target_variant, log_to_mlflow=not no_log, expected=expected, corpus=corpus
+    )
     if as_json:
         print(json.dumps(summary["scales"], indent=2))
     else:
@@ -236,9 +265,11 @@ def report(study: str = typer.Argument(..., help="Study name or spec path."),
 
 @app.command()
 @input_errors
-def export(study: str = typer.Argument(..., help="Study name or spec path."),
-           out_file: Path = typer.Option(..., "--out", help="Parquet file to write."),
-           tracking_uri: str | None = typer.Option(None, "--tracking-uri")) -> None:
+def export(
+    study: str = typer.Argument(..., help="Study name or spec path."),
+    out_file: Path = typer.Option(..., "--out", help="Parquet file to write."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+) -> None:
     """Export a study's runs and metric histories from MLflow as one tidy Parquet table."""
     from orchestrator.report import export_study
 
@@ -249,11 +280,21 @@ def export(study: str = typer.Argument(..., help="Study name or spec path."),
 
 @app.command()
 @input_errors
-def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the current folder."),
-           address: str = typer.Option(..., help="Ray dashboard URL, e.g. https://HEAD:8265."),
-           allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host."),
-           allow_ephemeral: bool = typer.Option(False, "--allow-ephemeral", help="Submit a spec whose tracking_uri / storage_path default to the job's temporary working dir (lost when it ends)."),
-           no_upload: bool = typer.Option(False, "--no-upload", help="Upload nothing: the cluster has this code (its image) and reads SPEC at the same absolute path (shared storage).")) -> None:
+def submit(
+    spec: Path = typer.Argument(..., help="Study spec (YAML), inside the current folder."),
+    address: str = typer.Option(..., help="Ray dashboard URL, e.g. https://HEAD:8265."),
+    allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host."),
+    allow_ephemeral: bool = typer.Option(
+        False,
+        "--allow-ephemeral",
+        help="Submit a spec whose tracking_uri / storage_path default to the job's temporary working dir (lost when it ends).",
+    ),
+    no_upload: bool = typer.Option(
+        False,
+        "--no-upload",
+        help="Upload nothing: the cluster has this code (its image) and reads SPEC at the same absolute path (shared storage).",
+    ),
+) -> None:
     """Send a study to a Ray cluster through the Job Submission API; print the job id."""
     from orchestrator.run.driver.submit import submit as submit_job
 
@@ -262,11 +303,13 @@ def submit(spec: Path = typer.Argument(..., help="Study spec (YAML), inside the 
 
 @app.command()
 @input_errors
-def status(study: str = typer.Argument(..., help="Study name or spec path."),
-           tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
-           address: str | None = typer.Option(None, help="Ray dashboard URL: also list the study's Ray jobs."),
-           allow_insecure: bool = typer.Option(False, "--allow-insecure"),
-           as_json: bool = typer.Option(False, "--json")) -> None:
+def status(
+    study: str = typer.Argument(..., help="Study name or spec path."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    address: str | None = typer.Option(None, help="Ray dashboard URL: also list the study's Ray jobs."),
+    allow_insecure: bool = typer.Option(False, "--allow-insecure"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Each run's state from MLflow (and the study's Ray jobs with --address)."""
     from orchestrator.cli_tables import status_table
     from orchestrator.track.status import study_lease_line, study_status
@@ -283,8 +326,11 @@ def status(study: str = typer.Argument(..., help="Study name or spec path."),
 
         jobs = study_jobs(address, name, allow_insecure=allow_insecure)
     if as_json:
-        print(json.dumps({"runs": rows, "jobs": jobs, "study_lease": study_lease_line(name, planned), "data_notes": notes},
-                         indent=2, default=str))
+        print(
+            json.dumps(
+                {"runs": rows, "jobs": jobs, "study_lease": study_lease_line(name, planned), "data_notes": notes}, indent=2, default=str
+            )
+        )
         return
     out.print(status_table(name, uri, rows, study_lease_line(name, planned)))
     for j in jobs:
@@ -293,10 +339,12 @@ def status(study: str = typer.Argument(..., help="Study name or spec path."),
 
 @app.command()
 @input_errors
-def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy submit`."),
-         address: str = typer.Option(..., help="Ray dashboard URL."),
-         follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep printing until the job ends."),
-         allow_insecure: bool = typer.Option(False, "--allow-insecure")) -> None:
+def logs(
+    job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy submit`."),
+    address: str = typer.Option(..., help="Ray dashboard URL."),
+    follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep printing until the job ends."),
+    allow_insecure: bool = typer.Option(False, "--allow-insecure"),
+) -> None:
     """Print (and follow) a submitted job's logs."""
     from orchestrator.run.driver.submit import follow_logs
 
@@ -307,36 +355,52 @@ def logs(job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy 
 
 @data_app.command("prepare")
 @input_errors
-def data_prepare(source: str = typer.Option("stdlib", help="stdlib | text | jsonl | parquet | hf | mixture | mqar"),
-                 path: str | None = typer.Option(None, help="File, folder, glob or URI of the source."),
-                 out_dir: str | None = typer.Option(None, "--out", help="Cache root for the prepared shards."),
-                 vocab_size: int | None = typer.Option(None, help="Tokenizer vocabulary size."),
-                 tokenizer_kind: str | None = typer.Option(None, "--tokenizer", help="bpe | unigram."),
-                 text_column: str | None = typer.Option(None, help="Text column (jsonl / parquet)."),
-                 document_boundary: str | None = typer.Option(None, help="file | blank_lines | row | wikitext_heading."),
-                 val_fraction: float | None = typer.Option(None, help="Share of documents held out for validation."),
-                 max_documents: int | None = typer.Option(None, help="Keep only the first N documents."),
-                 max_bytes: int | None = typer.Option(None, help="Keep documents up to this many UTF-8 bytes."),
-                 preset: str | None = typer.Option(None, help="MQAR preset: easy | medium | hard."),
-                 num_proc: int | None = typer.Option(None, help="Tokenizer processes (default: all cores)."),
-                 ) -> None:
+def data_prepare(
+    source: str = typer.Option("stdlib", help="stdlib | text | jsonl | parquet | hf | mixture | mqar"),
+    path: str | None = typer.Option(None, help="File, folder, glob or URI of the source."),
+    out_dir: str | None = typer.Option(None, "--out", help="Cache root for the prepared shards."),
+    vocab_size: int | None = typer.Option(None, help="Tokenizer vocabulary size."),
+    tokenizer_kind: str | None = typer.Option(None, "--tokenizer", help="bpe | unigram."),
+    text_column: str | None = typer.Option(None, help="Text column (jsonl / parquet)."),
+    document_boundary: str | None = typer.Option(None, help="file | blank_lines | row | wikitext_heading."),
+    val_fraction: float | None = typer.Option(None, help="Share of documents held out for validation."),
+    max_documents: int | None = typer.Option(None, help="Keep only the first N documents."),
+    max_bytes: int | None = typer.Option(None, help="Keep documents up to this many UTF-8 bytes."),
+    preset: str | None = typer.Option(None, help="MQAR preset: easy | medium | hard."),
+    num_proc: int | None = typer.Option(None, help="Tokenizer processes (default: all cores)."),
+) -> None:
     """Tokenize a corpus into Arrow shards with a manifest (no-op when already prepared)."""
     from data_pipeline.cli_support import prepare_from_args
 
-    opts = {"vocab_size": vocab_size, "tokenizer_kind": tokenizer_kind, "text_column": text_column,
-            "document_boundary": document_boundary, "val_fraction": val_fraction, "max_documents": max_documents,
-            "max_bytes": max_bytes, "preset": preset, "num_proc": num_proc}
+    opts = {
+        "vocab_size": vocab_size,
+        "tokenizer_kind": tokenizer_kind,
+        "text_column": text_column,
+        "document_boundary": document_boundary,
+        "val_fraction": val_fraction,
+        "max_documents": max_documents,
+        "max_bytes": max_bytes,
+        "preset": preset,
+        "num_proc": num_proc,
+    }
     p = prepare_from_args(source, path, out_dir, **{k: v for k, v in opts.items() if v is not None})
-    out.print(json.dumps({"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size,
-                          "splits": p.manifest.get("splits")}, indent=2, default=str))
+    out.print(
+        json.dumps(
+            {"path": p.path, "content_hash": p.content_hash, "vocab_size": p.vocab_size, "splits": p.manifest.get("splits")},
+            indent=2,
+            default=str,
+        )
+    )
 
 
 @model_app.command("info")
-def model_info_cmd(preset: str = typer.Option(..., help="Scale preset, e.g. cpu-s or 60m."),
-                   variant: str = typer.Option("standard", help="Model variant."),
-                   seq_len: int | None = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
-                   vocab_size: int | None = typer.Option(None, min=1, help="Vocabulary size (default: the preset's)."),
-                   as_json: bool = typer.Option(False, "--json")) -> None:
+def model_info_cmd(
+    preset: str = typer.Option(..., help="Scale preset, e.g. cpu-s or 60m."),
+    variant: str = typer.Option("standard", help="Model variant."),
+    seq_len: int | None = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
+    vocab_size: int | None = typer.Option(None, min=1, help="Vocabulary size (default: the preset's)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Parameter counts and FLOPs per token: analytic, and measured with FlopCounterMode."""
     from model.info import model_info
 

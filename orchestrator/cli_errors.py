@@ -31,12 +31,18 @@ def print_error(message: str) -> None:
 
 
 # The product's input errors (exit code 2), each named by the module that defines it.
-INPUT_ERRORS = (("orchestrator.plan.specfile", "SpecError"), ("orchestrator.plan.contract", "PlanError"),
-                ("data_pipeline.errors", "DataError"), ("orchestrator.plan.inputs", "CorpusError"),
-                ("orchestrator.run.driver.submit", "AddressError"), ("orchestrator.track.status", "StudyNotFound"),
-                ("orchestrator.report.errors", "ReportError"), ("orchestrator.track.lease", "LeaseHeld"),
-                ("orchestrator.run.final_weights", "FinalWeightsError"),
-                ("orchestrator.plan.tracking_uri", "TrackingURIError"))
+INPUT_ERRORS = (
+    ("orchestrator.plan.specfile", "SpecError"),
+    ("orchestrator.plan.contract", "PlanError"),
+    ("data_pipeline.errors", "DataError"),
+    ("orchestrator.plan.inputs", "CorpusError"),
+    ("orchestrator.run.driver.submit", "AddressError"),
+    ("orchestrator.track.status", "StudyNotFound"),
+    ("orchestrator.report.errors", "ReportError"),
+    ("orchestrator.track.lease", "LeaseHeld"),
+    ("orchestrator.run.final_weights", "FinalWeightsError"),
+    ("orchestrator.plan.tracking_uri", "TrackingURIError"),
+)
 
 
 def loaded_input_errors() -> tuple[type[Exception], ...]:

@@ -54,6 +54,14 @@ def load_run_file(run_file: Path) -> RunSpec:
         return RunSpec.model_validate(data)
     except (yaml.YAMLError, ValidationError) as e:
         if isinstance(data, dict) and {"scales", "variants"} <= set(data):
-            raise SpecError(run_file, [("", "this is a study spec, not a run: use `qkstudy run SPEC`, or write "
-                                            "its runs with `qkstudy plan SPEC --write-runs DIR` and train one")]) from None
+            raise SpecError(
+                run_file,
+                [
+                    (
+                        "",
+                        "this is a study spec, not a run: use `qkstudy run SPEC`, or write "
+                        "its runs with `qkstudy plan SPEC --write-runs DIR` and train one",
+                    )
+                ],
+            ) from None
         raise SpecError(run_file, [("", f"not a run spec written by `qkstudy plan --write-runs`: {e}")]) from None

@@ -19,19 +19,45 @@ def plan_table(study: Any, runs: list[Any], throughput: ThroughputTable) -> tupl
     """The plan (one row per run, device-hours where the throughput is known) and its total line."""
     hours = {r.run_id: device_hours(r, throughput) for r in runs}
     t = Table(title=f"{study.name}: {len(runs)} runs, budget mode {study.budget.mode} (N = non-embedding parameters)")
-    cols = ["run_id", "variant", "scale", "seed", "extend", "N", "N total", "FLOPs/token", "tokens", "steps", "total FLOPs",
-            "est. device-h"]
+    cols = [
+        "run_id",
+        "variant",
+        "scale",
+        "seed",
+        "extend",
+        "N",
+        "N total",
+        "FLOPs/token",
+        "tokens",
+        "steps",
+        "total FLOPs",
+        "est. device-h",
+    ]
     for c in cols:
         t.add_column(c, justify="right" if c not in ("run_id", "variant", "scale") else "left")
     for r in runs:
         h = hours[r.run_id]
-        t.add_row(r.run_id, r.variant, r.scale, str(r.seed), f"{r.extend:g}", f"{r.n_params:,}", f"{r.n_params_total:,}",
-                  f"{r.flops_per_token:,}", f"{r.tokens:,}", f"{r.steps:,}", f"{r.total_flops:.3e}",
-                  f"{h:.2f}" if h is not None else "-")
+        t.add_row(
+            r.run_id,
+            r.variant,
+            r.scale,
+            str(r.seed),
+            f"{r.extend:g}",
+            f"{r.n_params:,}",
+            f"{r.n_params_total:,}",
+            f"{r.flops_per_token:,}",
+            f"{r.tokens:,}",
+            f"{r.steps:,}",
+            f"{r.total_flops:.3e}",
+            f"{h:.2f}" if h is not None else "-",
+        )
     known = [h for h in hours.values() if h is not None]
     source = "the spec" if study.budget.throughput else "calibration"
-    est = (f", {sum(known):,.1f} device-hours (throughput from {source})" if len(known) == len(runs)
-           else " (device-hours: run `qkstudy calibrate SPEC` or declare budget.throughput)")
+    est = (
+        f", {sum(known):,.1f} device-hours (throughput from {source})"
+        if len(known) == len(runs)
+        else " (device-hours: run `qkstudy calibrate SPEC` or declare budget.throughput)"
+    )
     return t, f"total: {sum(r.tokens for r in runs):,} tokens, {sum(r.total_flops for r in runs):.3e} FLOPs" + est
 
 
@@ -55,18 +81,38 @@ def status_table(name: str, uri: str, rows: list[dict[str, Any]], lease: str = "
     for c in ("run", "run_id", "status", "tokens", "planned", "val ppl", "lease", "note"):
         t.add_column(c)
     for r in rows:
-        t.add_row(r["run_name"], r["run_id"], r["status"], f"{r['tokens']:,}" if r["tokens"] is not None else "-",
-                  f"{r['planned_tokens']:,}" if r["planned_tokens"] else "-",
-                  f"{r['val_ppl']:.2f}" if r["val_ppl"] is not None else "-", r.get("lease", ""), r["note"])
+        t.add_row(
+            r["run_name"],
+            r["run_id"],
+            r["status"],
+            f"{r['tokens']:,}" if r["tokens"] is not None else "-",
+            f"{r['planned_tokens']:,}" if r["planned_tokens"] else "-",
+            f"{r['val_ppl']:.2f}" if r["val_ppl"] is not None else "-",
+            r.get("lease", ""),
+            r["note"],
+        )
     return t
 
 
 def plan_rows(runs: list[Any]) -> list[dict[str, Any]]:
     """``qkstudy plan --json``: one mapping per run (ids, counts, budget)."""
-    return [{"run_id": r.run_id, "variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend,
-             "n_params": r.n_params, "n_params_total": r.n_params_total, "flops_per_token": r.flops_per_token,
-             "tokens": r.tokens, "steps": r.steps, "total_flops": r.total_flops, "data_hash": r.data_hash}
-            for r in runs]
+    return [
+        {
+            "run_id": r.run_id,
+            "variant": r.variant,
+            "scale": r.scale,
+            "seed": r.seed,
+            "extend": r.extend,
+            "n_params": r.n_params,
+            "n_params_total": r.n_params_total,
+            "flops_per_token": r.flops_per_token,
+            "tokens": r.tokens,
+            "steps": r.steps,
+            "total_flops": r.total_flops,
+            "data_hash": r.data_hash,
+        }
+        for r in runs
+    ]
 
 
 def power_text(n_seeds: int, seed_sd: float, gap: float | None = None) -> str:
@@ -85,10 +131,15 @@ def power_text(n_seeds: int, seed_sd: float, gap: float | None = None) -> str:
         text = head + "no gap is detectable: a seed-paired test needs at least 2 seeds"
     else:
         est = plan_power(n_seeds, sd)
-        text = (head + f"the smallest gap detectable at {POWER:.0%} power is {est.mde:.3g} nats (seed-paired t-test, "
-                f"{ALPHA:.0%} two-sided; sd of the paired differences {sd:.3g} nats = seed std x sqrt 2)")
+        text = (
+            head + f"the smallest gap detectable at {POWER:.0%} power is {est.mde:.3g} nats (seed-paired t-test, "
+            f"{ALPHA:.0%} two-sided; sd of the paired differences {sd:.3g} nats = seed std x sqrt 2)"
+        )
     if gap is not None:
         need = seeds_needed(gap, sd)
-        text += (f"; a gap of {gap:g} nats needs {need} seeds" if need is not None
-                 else f"; a gap of {gap:g} nats is not detectable with any number of seeds")
+        text += (
+            f"; a gap of {gap:g} nats needs {need} seeds"
+            if need is not None
+            else f"; a gap of {gap:g} nats is not detectable with any number of seeds"
+        )
     return text

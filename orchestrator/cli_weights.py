@@ -55,12 +55,19 @@ def _load(study: str, run: str, tracking_uri: str | None) -> tuple[Any, Any]:
     return record, load_run(uri, record.info.run_id)
 
 
-def eval_cmd(study: str = typer.Argument(..., help="Study name or spec path."),
-             run: str = typer.Argument(..., help="Run id (or a unique prefix), run name, or MLflow run id."),
-             corpus: Path | None = typer.Option(None, "--corpus", help="A prepared corpus folder (`qkstudy data prepare`; default: the run's own)."),
-             max_windows: int | None = typer.Option(None, "--max-windows", min=1, help="Evaluate the first N fixed val windows (default: all). The spec's eval.final_max_windows reproduces final/val_loss."),
-             tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
-             as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
+def eval_cmd(
+    study: str = typer.Argument(..., help="Study name or spec path."),
+    run: str = typer.Argument(..., help="Run id (or a unique prefix), run name, or MLflow run id."),
+    corpus: Path | None = typer.Option(None, "--corpus", help="A prepared corpus folder (`qkstudy data prepare`; default: the run's own)."),
+    max_windows: int | None = typer.Option(
+        None,
+        "--max-windows",
+        min=1,
+        help="Evaluate the first N fixed val windows (default: all). The spec's eval.final_max_windows reproduces final/val_loss.",
+    ),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
     """Load a finished run's final weights and evaluate them: mean val loss over a corpus's fixed windows."""
     from data_pipeline import TokenLoader
     from orchestrator.run.final_weights import evaluate
@@ -70,26 +77,37 @@ def eval_cmd(study: str = typer.Argument(..., help="Study name or spec path."),
     loss = evaluate(loaded, path, max_windows)
     data = path or loaded.data_path
     windows = len(TokenLoader(data, "val", loaded.seq_len, 1, 0).eval_windows(max_windows))
-    out = {"run": record.info.run_name, "run_id": record.data.tags.get("run_id"), "mlflow_run_id": record.info.run_id,
-           "corpus": data, "windows": windows, "val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
-           "recorded_final_val_loss": record.data.metrics.get("final/val_loss")}
+    out = {
+        "run": record.info.run_name,
+        "run_id": record.data.tags.get("run_id"),
+        "mlflow_run_id": record.info.run_id,
+        "corpus": data,
+        "windows": windows,
+        "val_loss": loss,
+        "val_ppl": math.exp(min(loss, 50.0)),
+        "recorded_final_val_loss": record.data.metrics.get("final/val_loss"),
+    }
     if as_json:
         print(json.dumps(out, indent=2))
         return
     rec = out["recorded_final_val_loss"]
-    print(f"{out['run']}: val_loss {loss:.6f} (ppl {out['val_ppl']:.3f}) over {windows} windows of {data}"
-          + (f"; the run logged final/val_loss {rec:.6f}" if rec is not None else ""))
+    print(
+        f"{out['run']}: val_loss {loss:.6f} (ppl {out['val_ppl']:.3f}) over {windows} windows of {data}"
+        + (f"; the run logged final/val_loss {rec:.6f}" if rec is not None else "")
+    )
 
 
-def sample_cmd(study: str = typer.Argument(..., help="Study name or spec path."),
-               run: str = typer.Argument(..., help="Run id (or a unique prefix), run name, or MLflow run id."),
-               prompt: str = typer.Option(..., "--prompt", help="Text to continue (encoded with the corpus's tokenizer)."),
-               n: int = typer.Option(64, "-n", min=0, help="Tokens to generate."),
-               temperature: float = typer.Option(1.0, min=0.0, help="0: greedy."),
-               top_k: int | None = typer.Option(None, "--top-k", min=1, help="Sample among the K likeliest tokens."),
-               seed: int = typer.Option(0, help="Sampling seed."),
-               corpus: Path | None = typer.Option(None, "--corpus", help="Prepared corpus whose tokenizer to use (default: the run's)."),
-               tracking_uri: str | None = typer.Option(None, "--tracking-uri")) -> None:
+def sample_cmd(
+    study: str = typer.Argument(..., help="Study name or spec path."),
+    run: str = typer.Argument(..., help="Run id (or a unique prefix), run name, or MLflow run id."),
+    prompt: str = typer.Option(..., "--prompt", help="Text to continue (encoded with the corpus's tokenizer)."),
+    n: int = typer.Option(64, "-n", min=0, help="Tokens to generate."),
+    temperature: float = typer.Option(1.0, min=0.0, help="0: greedy."),
+    top_k: int | None = typer.Option(None, "--top-k", min=1, help="Sample among the K likeliest tokens."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    corpus: Path | None = typer.Option(None, "--corpus", help="Prepared corpus whose tokenizer to use (default: the run's)."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+) -> None:
     """Load a finished run's final weights and continue a prompt; prints prompt + N new tokens."""
     from orchestrator.run.final_weights import sample_text
 

@@ -8,8 +8,13 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.tiers", "tests.fixtures.cluster", "tests.fixtures.services", "tests.fixtures.synthetic",
-                  "tests.fixtures.studies"]
+pytest_plugins = [
+    "tests.fixtures.tiers",
+    "tests.fixtures.cluster",
+    "tests.fixtures.services",
+    "tests.fixtures.synthetic",
+    "tests.fixtures.studies",
+]
 
 
 # Every `mlflow server` a test starts inherits this: MLflow's job runner (seven huey consumer

@@ -23,10 +23,15 @@ TPS = 8 * 64  # tokens per optimizer step of TINY_SPEC (global batch 8 x seq_len
 
 # The smallest study that trains for real: cpu-xs on 60 stdlib files, BPE 512, 8 x 64 tokens a
 # step, 20 steps. Tests override what they vary (``tiny_spec(name, **over)``).
-TINY_SPEC = {"corpus": {"source": "stdlib", "max_documents": 60}, "tokenizer": {"vocab_size": 512}, "scales": ["cpu-xs"],
-             "variants": ["standard"], "budget": {"mode": "tokens", "tokens": 20 * TPS},
-             "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 1},
-             "eval": {"num_evals": 2, "max_windows": 4, "final_max_windows": 8, "diagnostics": False}}
+TINY_SPEC = {
+    "corpus": {"source": "stdlib", "max_documents": 60},
+    "tokenizer": {"vocab_size": 512},
+    "scales": ["cpu-xs"],
+    "variants": ["standard"],
+    "budget": {"mode": "tokens", "tokens": 20 * TPS},
+    "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 1},
+    "eval": {"num_evals": 2, "max_windows": 4, "final_max_windows": 8, "diagnostics": False},
+}
 
 
 def tiny_spec(name: str, **over) -> dict:
@@ -42,8 +47,9 @@ def driver_env(**extra: str) -> dict[str, str]:
 
 def qk(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run ``qkstudy ARGS`` in ``cwd`` as a user would (a child process); output captured as text."""
-    return subprocess.run([str(QKSTUDY), *args], cwd=cwd, env=driver_env() if env is None else env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(QKSTUDY), *args], cwd=cwd, env=driver_env() if env is None else env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def write_spec(d: Path, name: str, **over) -> Path:
@@ -64,8 +70,15 @@ def plan_json(spec: Path) -> list[dict]:
 def start_driver(spec: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
     """Start ``qkstudy run SPEC ARGS`` from the spec's folder, in a session of its own (so
     ``reap_driver`` ends whatever it started), stdout and stderr piped as text."""
-    return subprocess.Popen([str(QKSTUDY), "run", spec.name, *args], cwd=spec.parent, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [str(QKSTUDY), "run", spec.name, *args],
+        cwd=spec.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish_driver(p: subprocess.Popen, timeout: float = 900) -> str:

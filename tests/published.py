@@ -33,14 +33,16 @@ def section(text: str, heading: str) -> str:
     start = re.search(rf"^{re.escape(heading)}", text, re.M)
     if start is None:
         return ""
-    end = re.search(rf"^#{{1,{level}}} ", text[start.end():], re.M)
-    return text[start.start():start.end() + end.start()] if end else text[start.start():]
+    end = re.search(rf"^#{{1,{level}}} ", text[start.end() :], re.M)
+    return text[start.start() : start.end() + end.start()] if end else text[start.start() :]
 
 
 def missing_quotes(text: str, quotes: list[Quote]) -> list[Quote]:
     """The ``quotes`` that ``text`` does not print where it should (line breaks count as spaces)."""
+
     def flat(t: str) -> str:
         return " ".join(t.split())
+
     return [(sec, s) for sec, s in quotes if flat(s) not in flat(section(text, sec) if sec else text)]
 
 
@@ -50,5 +52,6 @@ def assert_shared_tables_equal(published: Path, regenerated: Path, required: set
     shared = {p.name for p in published.glob("*.csv")} & {p.name for p in regenerated.glob("*.csv")}
     assert required <= shared, (label, sorted(required - shared))
     for name in sorted(shared):
-        pd.testing.assert_frame_equal(pd.read_csv(regenerated / name), pd.read_csv(published / name),
-                                      check_exact=False, rtol=1e-9, obj=f"{label}/{name}")
+        pd.testing.assert_frame_equal(
+            pd.read_csv(regenerated / name), pd.read_csv(published / name), check_exact=False, rtol=1e-9, obj=f"{label}/{name}"
+        )

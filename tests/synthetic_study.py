@@ -103,8 +103,19 @@ def finals_frame(study: SyntheticStudy, rng: np.random.Generator, scales: list[s
     cells = sorted({(s, sd) for s, sd in zip(scale, seed)})
     shared = dict(zip(cells, rng.normal(0.0, study.seed_shared, len(cells)) if study.seed_shared > 0 else np.zeros(len(cells))))
     loss = E + A * n ** (-ALPHA) + B * (k * d) ** (-BETA) + own + np.array([shared[c] for c in zip(scale, seed)])
-    return pd.DataFrame({"scale": scale, "variant": variant, "seed": seed, "extend": mult.astype(float), "tokens": d,
-                         "final_ppl": np.exp(loss), "complete": True, "flops_per_token": 6.0 * n, "final_wall_s": d / 1e5})
+    return pd.DataFrame(
+        {
+            "scale": scale,
+            "variant": variant,
+            "seed": seed,
+            "extend": mult.astype(float),
+            "tokens": d,
+            "final_ppl": np.exp(loss),
+            "complete": True,
+            "flops_per_token": 6.0 * n,
+            "final_wall_s": d / 1e5,
+        }
+    )
 
 
 def _fmt(m: float) -> str:
@@ -166,16 +177,24 @@ def _write_run(client, eid: str, study: SyntheticStudy, key: RunKey, offset: flo
     if is_failed:
         tags["failure_reason"] = "synthetic failure: loss became NaN"
     rid = client.create_run(eid, run_name=name, tags=tags).info.run_id
-    params = {"n_params": str(int(n)), "n_params_total": str(int(n * 1.3)), "flops_per_token": repr(fpt),
-              "planned_tokens": str(int(planned)), "seq_len": "256", "global_batch": "32", "variant": variant}
+    params = {
+        "n_params": str(int(n)),
+        "n_params_total": str(int(n * 1.3)),
+        "flops_per_token": repr(fpt),
+        "planned_tokens": str(int(planned)),
+        "seq_len": "256",
+        "global_batch": "32",
+        "variant": variant,
+    }
     client.log_batch(rid, params=[Param(k, v) for k, v in params.items()])
     acc = study.accuracy.get(variant)
     final_acc = None if acc is None else float(np.clip(acc + acc_rng.normal(0.0, study.accuracy_noise), 0.0, 1.0))
     return rid, _metric_rows(study, key, planned, fpt, offset, is_failed, final_acc)
 
 
-def _metric_rows(study: SyntheticStudy, key: RunKey, planned: float, fpt: float, offset: float, is_failed: bool,
-                 final_acc: float | None) -> list[tuple[str, float, int]]:
+def _metric_rows(
+    study: SyntheticStudy, key: RunKey, planned: float, fpt: float, offset: float, is_failed: bool, final_acc: float | None
+) -> list[tuple[str, float, int]]:
     """(metric, value, step) rows of one run: eval curves, and the final pass unless it failed."""
     variant, scale, _, _ = key
     n = study.scales[scale]

@@ -32,8 +32,7 @@ ALLOWED = {
     "data_pipeline": set(),
     "orchestrator.plan": {"model", "data_pipeline"},
     "orchestrator.track": {"model", "data_pipeline", "orchestrator.plan", "mlflow"},
-    "orchestrator.run": {"model", "data_pipeline", "orchestrator.plan", "orchestrator.track", "ray", "deepspeed",
-                         "mlflow"},
+    "orchestrator.run": {"model", "data_pipeline", "orchestrator.plan", "orchestrator.track", "ray", "deepspeed", "mlflow"},
     "orchestrator.report": {"model", "data_pipeline", "orchestrator.plan", "orchestrator.track", "mlflow"},
 }
 
@@ -48,12 +47,12 @@ def stage(module: str) -> str:
 
 def _is_type_checking(test: ast.expr) -> bool:
     """``if TYPE_CHECKING:`` / ``if typing.TYPE_CHECKING:``: imports for the type checker only."""
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imported_modules(source: str, module: str, is_package: bool = False,
-                     known: Iterable[str] = (), type_checking: bool = False) -> list[tuple[str, bool]]:
+def imported_modules(
+    source: str, module: str, is_package: bool = False, known: Iterable[str] = (), type_checking: bool = False
+) -> list[tuple[str, bool]]:
     """(absolute module name, run at import time) for every import in ``source``: relative
     imports resolved against ``module``; ``from pkg import name`` names pkg.name when that is
     one of the ``known`` modules, else pkg; "at import time" = not inside a function (module
@@ -101,8 +100,11 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
     own = stage(module)
     if own == "orchestrator":
         return []
-    bad = [f"{module} imports {name} (worker code never imports the driver's)"
-           for name, _ in imported_modules(source, module, is_package) if _under(module, WORKER) and _under(name, DRIVER)]
+    bad = [
+        f"{module} imports {name} (worker code never imports the driver's)"
+        for name, _ in imported_modules(source, module, is_package)
+        if _under(module, WORKER) and _under(name, DRIVER)
+    ]
     for name, _ in imported_modules(source, module, is_package):
         other = stage(name)
         if other == own or other not in (*PACKAGES, *THIRD_PARTY, *ALLOWED):
@@ -119,8 +121,11 @@ NOT_PRODUCT = ("benchmarks", "tests")
 def non_product_imports(source: str, module: str, is_package: bool = False) -> list[str]:
     """The imports of ``benchmarks`` or ``tests`` in ``module`` (its ``source``), from every
     stage, the front doors included, inside functions and under ``if TYPE_CHECKING:`` too."""
-    return [f"{module} imports {name}" for name, _ in imported_modules(source, module, is_package, type_checking=True)
-            if name.split(".")[0] in NOT_PRODUCT]
+    return [
+        f"{module} imports {name}"
+        for name, _ in imported_modules(source, module, is_package, type_checking=True)
+        if name.split(".")[0] in NOT_PRODUCT
+    ]
 
 
 def product_modules() -> dict[str, tuple[str, bool]]:
@@ -155,8 +160,8 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             elif m in stack:
                 low[n] = min(low[n], index[m])
         if low[n] == index[n]:
-            members = stack[stack.index(n):]
-            del stack[stack.index(n):]
+            members = stack[stack.index(n) :]
+            del stack[stack.index(n) :]
             if len(members) > 1:
                 found.append(sorted(members))
 
@@ -169,18 +174,18 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def module_graph(mods: dict[str, tuple[str, bool]], type_checking: bool = False) -> dict[str, set[str]]:
     """Every import between product modules (``imported_modules``): at import time or inside a
     function; those under ``if TYPE_CHECKING:`` only with ``type_checking``."""
-    return {name: {m for m, _ in imported_modules(src, name, is_package, mods, type_checking)
-                   if m in mods and m != name}
-            for name, (src, is_package) in mods.items()}
+    return {
+        name: {m for m, _ in imported_modules(src, name, is_package, mods, type_checking) if m in mods and m != name}
+        for name, (src, is_package) in mods.items()
+    }
 
 
 # The one pair of modules that import each other the product keeps, and why; the pair closes
 # only through an import for the type checker. (Longer type-only loops, e.g. a stage module
 # naming ModelConfig in an annotation, are no pair: they split no concept in two.)
 TYPE_ONLY_PAIRS = {
-    frozenset({"model.config", "model.registry"}):
-        "ModelConfig validates its variant and options through the registry; the registry's "
-        "Variant names ModelConfig in its factories' signatures only",
+    frozenset({"model.config", "model.registry"}): "ModelConfig validates its variant and options through the registry; the registry's "
+    "Variant names ModelConfig in its factories' signatures only"
 }
 
 
@@ -200,15 +205,18 @@ def test_no_stage_imports_a_later_one():
     assert bad == []
 
 
-@pytest.mark.parametrize("module,source", [
-    ("orchestrator.plan.planner", "from orchestrator.run.driver.calibrate import throughput_table\n"),
-    ("orchestrator.plan.planner", "def f():\n    from orchestrator.track import tracking\n"),
-    ("orchestrator.report.build", "import orchestrator.run.worker.loop\n"),
-    ("model.gpt", "import mlflow\n"),
-    ("data_pipeline.build", "from orchestrator.plan.spec import Study\n"),
-    ("orchestrator.track.status", "from ..report import query\n"),
-    ("orchestrator.run.worker.loop", "def f():\n    from orchestrator.run.driver.runner import run_runs\n"),
-])
+@pytest.mark.parametrize(
+    "module,source",
+    [
+        ("orchestrator.plan.planner", "from orchestrator.run.driver.calibrate import throughput_table\n"),
+        ("orchestrator.plan.planner", "def f():\n    from orchestrator.track import tracking\n"),
+        ("orchestrator.report.build", "import orchestrator.run.worker.loop\n"),
+        ("model.gpt", "import mlflow\n"),
+        ("data_pipeline.build", "from orchestrator.plan.spec import Study\n"),
+        ("orchestrator.track.status", "from ..report import query\n"),
+        ("orchestrator.run.worker.loop", "def f():\n    from orchestrator.run.driver.runner import run_runs\n"),
+    ],
+)
 def test_a_forbidden_import_is_caught(module, source):
     """Negative controls: each of these imports crosses a stage the wrong way (one lazily, one
     relative) or reaches from worker code into the driver's."""
@@ -221,8 +229,7 @@ def test_the_driver_may_import_the_worker_side():
 
 
 def test_allowed_imports_pass():
-    assert violations("import torch\nfrom orchestrator.plan.spec import Study\nimport mlflow\n",
-                      "orchestrator.track.status") == []
+    assert violations("import torch\nfrom orchestrator.plan.spec import Study\nimport mlflow\n", "orchestrator.track.status") == []
 
 
 def test_no_product_module_imports_benchmarks_or_tests():
@@ -230,21 +237,23 @@ def test_no_product_module_imports_benchmarks_or_tests():
     assert bad == []
 
 
-@pytest.mark.parametrize("module,source", [
-    ("orchestrator.run.driver.calibrate", "def f():\n    from benchmarks.model_steps import run_bench\n"),
-    ("orchestrator.cli", "import benchmarks.cli_latency\n"),
-    ("model.timing", "from benchmarks import record\n"),
-    ("orchestrator.report.build", "from tests.synthetic_study import SyntheticStudy\n"),
-    ("data_pipeline.build", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tests.helpers import TPS\n"),
-])
+@pytest.mark.parametrize(
+    "module,source",
+    [
+        ("orchestrator.run.driver.calibrate", "def f():\n    from benchmarks.model_steps import run_bench\n"),
+        ("orchestrator.cli", "import benchmarks.cli_latency\n"),
+        ("model.timing", "from benchmarks import record\n"),
+        ("orchestrator.report.build", "from tests.synthetic_study import SyntheticStudy\n"),
+        ("data_pipeline.build", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tests.helpers import TPS\n"),
+    ],
+)
 def test_a_product_import_of_benchmarks_or_tests_is_caught(module, source):
     """Negative controls: a lazy, a front door's, a package's, a test oracle's and a type-only import."""
     assert len(non_product_imports(source, module)) == 1
 
 
 def test_the_benchmarks_importing_the_product_pass():
-    assert non_product_imports("from model.timing import tokens_per_second\nimport testsuite\n",
-                               "orchestrator.run.driver.calibrate") == []
+    assert non_product_imports("from model.timing import tokens_per_second\nimport testsuite\n", "orchestrator.run.driver.calibrate") == []
 
 
 def test_no_import_circle():
@@ -261,29 +270,41 @@ def test_the_only_type_only_pair_is_the_named_one():
     assert all(set(p) <= set(mods) for p in TYPE_ONLY_PAIRS)
 
 
-@pytest.mark.parametrize("mods", [
-    # the planner <-> calibrate circle: the planner takes the throughput table as an argument
-    {"orchestrator.plan.planner": ("from orchestrator.run.driver.calibrate import x\n", False),
-     "orchestrator.run.driver.calibrate": ("from orchestrator.plan.planner import resolve_train\n", False)},
-    # relative imports, as data_pipeline writes them, one of them in a try block
-    {"data_pipeline.a": ("from .b import f\n", False),
-     "data_pipeline.b": ("try:\n    from . import a\nexcept ImportError:\n    a = None\n", False)},
-    # one of them inside a function: a lazy import is an import all the same
-    {"data_pipeline.a": ("from .b import f\n", False),
-     "data_pipeline.b": ("def g():\n    from . import a\n", False)},
-    # both lazy, in a method, round three modules (model.counts -> model.gpt -> model.registry)
-    {"model.x": ("class C:\n    def f(self):\n        from model.y import g\n", False),
-     "model.y": ("from model.z import h\n", False),
-     "model.z": ("def h():\n    import model.x\n", False)},
-])
+@pytest.mark.parametrize(
+    "mods",
+    [
+        # the planner <-> calibrate circle: the planner takes the throughput table as an argument
+        {
+            "orchestrator.plan.planner": ("from orchestrator.run.driver.calibrate import x\n", False),
+            "orchestrator.run.driver.calibrate": ("from orchestrator.plan.planner import resolve_train\n", False),
+        },
+        # relative imports, as data_pipeline writes them, one of them in a try block
+        {
+            "data_pipeline.a": ("from .b import f\n", False),
+            "data_pipeline.b": ("try:\n    from . import a\nexcept ImportError:\n    a = None\n", False),
+        },
+        # one of them inside a function: a lazy import is an import all the same
+        {"data_pipeline.a": ("from .b import f\n", False), "data_pipeline.b": ("def g():\n    from . import a\n", False)},
+        # both lazy, in a method, round three modules (model.counts -> model.gpt -> model.registry)
+        {
+            "model.x": ("class C:\n    def f(self):\n        from model.y import g\n", False),
+            "model.y": ("from model.z import h\n", False),
+            "model.z": ("def h():\n    import model.x\n", False),
+        },
+    ],
+)
 def test_a_circle_is_found(mods):
     """Negative controls: each set of modules imports round a circle, lazily or not."""
     assert import_cycles(module_graph(mods)) == [sorted(mods)]
 
 
 def test_every_circle_is_reported():
-    mods = {"model.a": ("import model.b\n", False), "model.b": ("def f():\n    import model.a\n", False),
-            "model.c": ("import model.d\n", False), "model.d": ("import model.c\nimport model.a\n", False)}
+    mods = {
+        "model.a": ("import model.b\n", False),
+        "model.b": ("def f():\n    import model.a\n", False),
+        "model.c": ("import model.d\n", False),
+        "model.d": ("import model.c\nimport model.a\n", False),
+    }
     assert import_cycles(module_graph(mods)) == [["model.a", "model.b"], ["model.c", "model.d"]]
 
 
@@ -304,8 +325,7 @@ def test_an_unnamed_type_only_pair_is_caught():
     """Negative control: a type-only pair is allowed only by name; the named pair passes."""
     mods = {"model.a": ("from model.b import f\n", False), "model.b": (TYPE_ONLY.format("a"), False)}
     assert unallowed_pairs(mods) == [["model.a", "model.b"]]
-    named = {"model.config": ("from model.registry import f\n", False),
-             "model.registry": (TYPE_ONLY.format("config"), False)}
+    named = {"model.config": ("from model.registry import f\n", False), "model.registry": (TYPE_ONLY.format("config"), False)}
     assert unallowed_pairs(named) == []
 
 

@@ -14,7 +14,7 @@ from tests.fixtures.tiers import forbidden_command
 
 REPO = Path(__file__).resolve().parents[1]
 
-GUARDED = '''
+GUARDED = """
 import os, subprocess, sys
 import pytest
 
@@ -47,7 +47,7 @@ def test_harmless_child_passes():
 
 def test_a_session_of_another_process_passes():
     os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray", "session_2099-01-01_00-00-00_000000_1"))
-'''
+"""
 
 
 def test_guard_fails_each_forbidden_start_and_passes_the_controls(tmp_path):
@@ -55,17 +55,31 @@ def test_guard_fails_each_forbidden_start_and_passes_the_controls(tmp_path):
     (tmp_path / "test_guarded.py").write_text(GUARDED)
     (tmp_path / "ray").mkdir()
     xml = tmp_path / "out.xml"
-    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(tmp_path),
-           "HOME": str(tmp_path)}
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", str(tmp_path)],
-                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "RAY_TMPDIR": str(tmp_path),
+        "HOME": str(tmp_path),
+    }
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     outcome = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         outcome[case.get("name")] = "passed" if bad is None else bad.get("message", "")
-    for name, what in [("test_ray_init", "ray.init"), ("test_process_group", "torch.distributed.init_process_group"),
-                       ("test_ray_start", "ray start"), ("test_docker_build", "docker build"),
-                       ("test_child_starts_a_ray_session", "a child process started a Ray session")]:
+    for name, what in [
+        ("test_ray_init", "ray.init"),
+        ("test_process_group", "torch.distributed.init_process_group"),
+        ("test_ray_start", "ray start"),
+        ("test_docker_build", "docker build"),
+        ("test_child_starts_a_ray_session", "a child process started a Ray session"),
+    ]:
         # JUnit shortens a long message in its middle: the start names the cause, the end the remedy
         assert what in outcome[name] and "tier test: mark it `slow`" in outcome[name], (name, outcome[name])
     for name in ("test_marked_test_is_not_guarded", "test_harmless_child_passes", "test_a_session_of_another_process_passes"):

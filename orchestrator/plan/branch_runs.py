@@ -49,8 +49,14 @@ def reference_branches(study: Study, reference_tokens: float, tokens_per_step: i
     Raises PlanError (from the FieldError: the field and why) when the budgets cannot branch."""
     t = study.train
     try:
-        return plan_branches(reference_tokens, study.extend, tokens_per_step, warmup_fraction=t.warmup_fraction,
-                             decay_fraction=t.decay_fraction, min_lr_ratio=t.min_lr_ratio)
+        return plan_branches(
+            reference_tokens,
+            study.extend,
+            tokens_per_step,
+            warmup_fraction=t.warmup_fraction,
+            decay_fraction=t.decay_fraction,
+            min_lr_ratio=t.min_lr_ratio,
+        )
     except FieldError as e:
         raise PlanError(f"protocol: branches: {e}") from None  # str(e) is "<field>: <why>"
 
@@ -76,5 +82,7 @@ def reference_compute(study: Study, runs: list[RunSpec]) -> str:
         if r.variant == study.reference and r.kind == "train" and r.extend == 1.0:
             bp = reference_branches(study, r.tokens, r.train.tokens_per_step)
             branched, independent = branched + bp.branched_steps, independent + bp.independent_steps
-    return (f"reference compute (this study: protocol {study.protocol}): branches {branched:,} optimizer steps, "
-            f"independent {independent:,} ({branched / max(independent, 1):.2f}x)")
+    return (
+        f"reference compute (this study: protocol {study.protocol}): branches {branched:,} optimizer steps, "
+        f"independent {independent:,} ({branched / max(independent, 1):.2f}x)"
+    )

@@ -44,11 +44,17 @@ def protocol_problems(protocol: str, schedule: str, extend: Sequence[float]) -> 
         return []
     problems: list[tuple[Loc, str]] = []
     if schedule != "wsd":
-        problems.append((("train", "schedule"), f"protocol: branches needs the wsd schedule (warmup, constant LR, linear "
-                                                f"decay over train.decay_fraction), got {schedule!r}"))
+        problems.append(
+            (
+                ("train", "schedule"),
+                f"protocol: branches needs the wsd schedule (warmup, constant LR, linear "
+                f"decay over train.decay_fraction), got {schedule!r}",
+            )
+        )
     if not extend:
-        problems.append((("extend",), "protocol: branches needs extend multipliers (e.g. [1.5, 2, 3]): the branches are "
-                                      "the reference's longer budgets"))
+        problems.append(
+            (("extend",), "protocol: branches needs extend multipliers (e.g. [1.5, 2, 3]): the branches are the reference's longer budgets")
+        )
     return problems
 
 
@@ -95,8 +101,15 @@ class BranchPlan:
         return sum(b.total_steps for b in self.branches)
 
 
-def plan_branches(reference_tokens: float, extend: Sequence[float], tokens_per_step: int, *,
-                  warmup_fraction: float, decay_fraction: float, min_lr_ratio: float) -> BranchPlan:
+def plan_branches(
+    reference_tokens: float,
+    extend: Sequence[float],
+    tokens_per_step: int,
+    *,
+    warmup_fraction: float,
+    decay_fraction: float,
+    min_lr_ratio: float,
+) -> BranchPlan:
     """Trunk and branches of the reference (module docstring has the step arithmetic).
 
     Args:
@@ -118,14 +131,17 @@ def plan_branches(reference_tokens: float, extend: Sequence[float], tokens_per_s
     steps = [whole_steps(m * reference_tokens, tokens_per_step, ("budget",)) for m in multipliers]
     for (m0, s0), (m1, s1) in zip(zip(multipliers, steps), zip(multipliers[1:], steps[1:])):
         if s0 == s1:
-            raise FieldError(("extend",), f"x{m0:g} and x{m1:g} round to the same {s0} optimizer steps: the budget is too "
-                                          "small to tell them apart")
+            raise FieldError(
+                ("extend",), f"x{m0:g} and x{m1:g} round to the same {s0} optimizer steps: the budget is too small to tell them apart"
+            )
     warmup = int(round(warmup_fraction * steps[0]))
     branches = []
     for m, s in zip(multipliers, steps):
         decay = max(1, int(round(decay_fraction * s)))  # optim.lr_multiplier's wsd decay length
         branches.append(Branch(m, s, s - decay, decay, warmup, min_lr_ratio, tokens_per_step))
     if warmup > branches[0].branch_step:
-        raise FieldError(("train", "warmup_fraction"), f"the warmup ({warmup} steps) must end before the x1 run's decay "
-                                                       f"starts (step {branches[0].branch_step})")
+        raise FieldError(
+            ("train", "warmup_fraction"),
+            f"the warmup ({warmup} steps) must end before the x1 run's decay starts (step {branches[0].branch_step})",
+        )
     return BranchPlan(max(b.branch_step for b in branches), warmup, tokens_per_step, tuple(branches))

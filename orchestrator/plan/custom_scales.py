@@ -41,8 +41,7 @@ def scale_recipe(study: Study, scale: str) -> ScaleRecipe:
     return shape_recipe(shape, custom_n_params(study, scale))
 
 
-def scale_config(study: Study, scale: str, model_variant: str, *, vocab_size: int, seq_len: int,
-                 **options: Any) -> ModelConfig:
+def scale_config(study: Study, scale: str, model_variant: str, *, vocab_size: int, seq_len: int, **options: Any) -> ModelConfig:
     """ModelConfig of ``scale`` for one variant at context ``seq_len`` (tokens): a preset's
     ``model.build_config``, or a custom shape's ``shape_config``. Raises ValueError naming a
     bad variant option."""

@@ -80,6 +80,8 @@ def plan_here(study: Study, warn: Callable[[str], None]) -> list[RunSpec]:
     and ``warn`` is called with one line saying so."""
     data = corpus_hashes(study, strict=False)
     for name in [n for n, h in data.items() if h is None]:
-        warn(f"corpus {name!r}: its files cannot be read here, so its runs' ids leave out its content hash "
-             "(the driver that runs the study computes it)")
+        warn(
+            f"corpus {name!r}: its files cannot be read here, so its runs' ids leave out its content hash "
+            "(the driver that runs the study computes it)"
+        )
     return plan(study, throughput_table(study), data)

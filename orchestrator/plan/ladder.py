@@ -87,8 +87,7 @@ class Budget(NamedTuple):
     tokens: int
 
 
-def tokens_per_param_budget(k: float, n_params: int, tokens_per_step: int,
-                            loc: Loc = ("budget", "tokens_per_param")) -> Budget:
+def tokens_per_param_budget(k: float, n_params: int, tokens_per_step: int, loc: Loc = ("budget", "tokens_per_param")) -> Budget:
     """Budget D = k x N tokens (N non-embedding parameters), rounded to whole optimizer steps.
 
     Chinchilla-style ladders train every scale at one tokens-per-parameter ratio (Hoffmann et
@@ -154,13 +153,14 @@ def shape_problems(shape: ScaleShape, model_variants: list[str], loc: Loc) -> li
     """
     from model import get_variant
 
-    return [(loc + ("n_head",), f"variant {v!r} pairs heads (n_head/2 differential heads): n_head={shape.n_head} "
-                                f"must be even")
-            for v in dict.fromkeys(model_variants) if get_variant(v).paired_heads and shape.n_head % 2]
+    return [
+        (loc + ("n_head",), f"variant {v!r} pairs heads (n_head/2 differential heads): n_head={shape.n_head} must be even")
+        for v in dict.fromkeys(model_variants)
+        if get_variant(v).paired_heads and shape.n_head % 2
+    ]
 
 
-def shape_config(shape: ScaleShape, variant: str, *, vocab_size: int, seq_len: int | None = None,
-                 **variant_options: Any) -> ModelConfig:
+def shape_config(shape: ScaleShape, variant: str, *, vocab_size: int, seq_len: int | None = None, **variant_options: Any) -> ModelConfig:
     """The ModelConfig of a custom shape and variant (what ``model.build_config`` is for presets).
 
     seq_len: the model context in tokens (default: the shape's). Raises ValueError if neither
@@ -171,8 +171,15 @@ def shape_config(shape: ScaleShape, variant: str, *, vocab_size: int, seq_len: i
     T = seq_len or shape.seq_len
     if T is None:
         raise ValueError(f"scale {shape.name!r}: give seq_len (the planner passes the recipe's)")
-    return ModelConfig(vocab_size=vocab_size, seq_len=T, n_layer=shape.n_layer, d_model=shape.d_model,
-                       n_head=shape.n_head, variant=variant, options=variant_options)
+    return ModelConfig(
+        vocab_size=vocab_size,
+        seq_len=T,
+        n_layer=shape.n_layer,
+        d_model=shape.d_model,
+        n_head=shape.n_head,
+        variant=variant,
+        options=variant_options,
+    )
 
 
 def _parse_count(v: Any) -> Any:
@@ -254,19 +261,18 @@ class LadderRung:
     rel_error: float
 
 
-def non_embedding_params(n_layer: int, d_model: int, n_head: int, variant: str = "standard",
-                         options: dict[str, Any] | None = None) -> int:
+def non_embedding_params(n_layer: int, d_model: int, n_head: int, variant: str = "standard", options: dict[str, Any] | None = None) -> int:
     """N of a shape, from ``model.count_model`` (embeddings, position table and LM head are
     excluded, so vocabulary and context do not matter; a tiny one keeps it fast)."""
     from model import ModelConfig, count_model
 
-    cfg = ModelConfig(vocab_size=8, seq_len=8, n_layer=n_layer, d_model=d_model, n_head=n_head,
-                      variant=variant, options=options or {})
+    cfg = ModelConfig(vocab_size=8, seq_len=8, n_layer=n_layer, d_model=d_model, n_head=n_head, variant=variant, options=options or {})
     return count_model(cfg).n_params
 
 
-def generate_ladder(spec: LadderSpec, *, variant: str = "standard", options: dict[str, Any] | None = None,
-                    even_heads: bool = False, loc: Loc = ("ladder",)) -> list[LadderRung]:
+def generate_ladder(
+    spec: LadderSpec, *, variant: str = "standard", options: dict[str, Any] | None = None, even_heads: bool = False, loc: Loc = ("ladder",)
+) -> list[LadderRung]:
     """One shape per target of ``spec`` (in target order).
 
     Search: d_model = k x head_dim (k even when ``even_heads``, for Differential Attention).
@@ -293,19 +299,22 @@ def generate_ladder(spec: LadderSpec, *, variant: str = "standard", options: dic
         L, d = _best_shape(spec, target, layer_counts, even_heads, loc + ("targets", i))
         n = non_embedding_params(L, d, d // spec.head_dim, variant, options)
         if n != layer_counts(d)[0] + L * layer_counts(d)[1]:  # test_ladder checks it for every variant
-            raise RuntimeError(f"variant {variant!r}: layers differ in parameter count, which the ladder search assumes "
-                               "they do not")
+            raise RuntimeError(f"variant {variant!r}: layers differ in parameter count, which the ladder search assumes they do not")
         shape = ScaleShape(name=name, n_layer=L, d_model=d, n_head=d // spec.head_dim, seq_len=spec.seq_len)
         for j, r in enumerate(rungs):
             if (r.shape.n_layer, r.shape.d_model) == (L, d):
-                raise FieldError(loc + ("targets", i), f"target {target:,.0f} gives the same shape ({L} x {d}) as "
-                                                       f"targets[{j}] ({r.target:,.0f}): space the targets further apart")
+                raise FieldError(
+                    loc + ("targets", i),
+                    f"target {target:,.0f} gives the same shape ({L} x {d}) as "
+                    f"targets[{j}] ({r.target:,.0f}): space the targets further apart",
+                )
         rungs.append(LadderRung(shape, target, n, n / target - 1))
     return rungs
 
 
-def _best_shape(spec: LadderSpec, target: float, layer_counts: Callable[[int], tuple[int, int]], even_heads: bool,
-                loc: Loc) -> tuple[int, int]:
+def _best_shape(
+    spec: LadderSpec, target: float, layer_counts: Callable[[int], tuple[int, int]], even_heads: bool, loc: Loc
+) -> tuple[int, int]:
     """(n_layer, d_model) of one rung (see `generate_ladder`); FieldError if none qualifies."""
     tried: list[tuple[float, float, int, int, float]] = []  # (|log aspect error|, |N error|, L, d, N error)
     step = 2 if even_heads else 1
@@ -326,9 +335,12 @@ def _best_shape(spec: LadderSpec, target: float, layer_counts: Callable[[int], t
     close = [t for t in tried if t[1] <= spec.tolerance]  # near in N, but too far from the aspect ratio
     near = min(close) if close else min(tried, key=lambda t: (t[1], t[0]))
     aspect = f" at an aspect ratio within {spec.aspect_tolerance:g}x of {spec.aspect_ratio:g}" if close else ""
-    raise FieldError(loc, f"no shape with head_dim {spec.head_dim} has N within {spec.tolerance:.0%} of {target:,.0f}"
-                          f"{aspect}; nearest: {near[2]} x {near[3]} (N {near[4]:+.1%}, aspect ratio "
-                          f"{near[3] / near[2]:.3g})")
+    raise FieldError(
+        loc,
+        f"no shape with head_dim {spec.head_dim} has N within {spec.tolerance:.0%} of {target:,.0f}"
+        f"{aspect}; nearest: {near[2]} x {near[3]} (N {near[4]:+.1%}, aspect ratio "
+        f"{near[3] / near[2]:.3g})",
+    )
 
 
 # -- the recipe of custom scales ------------------------------------------------------------
@@ -348,8 +360,7 @@ def preset_params() -> dict[str, int]:
     return {p: count_model(build_config(p, "standard")).n_params for p in PRESETS if p in RECIPES}
 
 
-def custom_recipe(n_params: int, *, lr: float | None = None, global_batch: int | None = None,
-                  seq_len: int | None = None) -> ScaleRecipe:
+def custom_recipe(n_params: int, *, lr: float | None = None, global_batch: int | None = None, seq_len: int | None = None) -> ScaleRecipe:
     """Recipe of a custom scale of N non-embedding parameters (overrides win where given).
 
     The rule follows the presets' own trend, so a custom shape the size of a preset trains
@@ -385,8 +396,12 @@ def custom_recipe(n_params: int, *, lr: float | None = None, global_batch: int |
     r = RECIPES[preset]
     batch = global_batch or r.global_batch
     micro = max(1, r.micro_batch >> max(0, math.floor(math.log2(n_params / n[preset]))))  # halved per doubling of N
-    return ScaleRecipe(seq_len=seq_len or r.seq_len or PRESETS[preset].seq_len, global_batch=batch,
-                       micro_batch=min(micro, batch), lr=lr or LR_COEFFICIENT[regime] * n_params**LR_EXPONENT)
+    return ScaleRecipe(
+        seq_len=seq_len or r.seq_len or PRESETS[preset].seq_len,
+        global_batch=batch,
+        micro_batch=min(micro, batch),
+        lr=lr or LR_COEFFICIENT[regime] * n_params**LR_EXPONENT,
+    )
 
 
 def shape_recipe(shape: ScaleShape, n_params: int) -> ScaleRecipe:

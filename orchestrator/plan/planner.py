@@ -78,9 +78,12 @@ def _steps_for(tokens: float, tokens_per_step: int) -> int:
     return max(1, int(round(tokens / tokens_per_step)))
 
 
-def plan(study: Study, throughput: ThroughputTable | None = None,
-         data: dict[str, str | None] | None = None,
-         tuned_lr: dict[tuple[str, str], float] | None = None) -> list[RunSpec]:
+def plan(
+    study: Study,
+    throughput: ThroughputTable | None = None,
+    data: dict[str, str | None] | None = None,
+    tuned_lr: dict[tuple[str, str], float] | None = None,
+) -> list[RunSpec]:
     """Expand a study into runs, ordered by corpus, scale, variant, seed, then extend.
 
     Args:
@@ -112,12 +115,21 @@ def _calibration_record(study: Study, scale: str, table: ThroughputTable) -> dic
     """What a wallclock run records about the throughput its budget came from (RunSpec)."""
     if study.budget.mode != "wallclock":
         return None
-    return {"source": "spec" if study.budget.throughput else "calibration", "digest": run_identity(table),
-            "tokens_per_s": dict(table.get(scale) or {})}
+    return {
+        "source": "spec" if study.budget.throughput else "calibration",
+        "digest": run_identity(table),
+        "tokens_per_s": dict(table.get(scale) or {}),
+    }
 
 
-def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: ThroughputTable,
-                 data_hash: str | None, tuned_lr: dict[tuple[str, str], float]) -> list[RunSpec]:
+def _plan_corpus(
+    study: Study,
+    corpus_name: str,
+    corpus: dict[str, Any],
+    table: ThroughputTable,
+    data_hash: str | None,
+    tuned_lr: dict[tuple[str, str], float],
+) -> list[RunSpec]:
     """Every run of one corpus: per scale, the reference budget, then each variant's."""
     runs: list[RunSpec] = []
     # MQAR brings its own vocabulary (no tokenizer); text corpora use the tokenizer's.
@@ -126,8 +138,9 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
     for scale in study.scales:
         base = _scale_recipe(study, scale, mqar)
         tps = base.tokens_per_step
-        configs = {v.name: scale_config(study, scale, v.model_variant, vocab_size=vocab, seq_len=base.seq_len, **v.options)
-                   for v in study.variants}
+        configs = {
+            v.name: scale_config(study, scale, v.model_variant, vocab_size=vocab, seq_len=base.seq_len, **v.options) for v in study.variants
+        }
         counts = {name: count_model(cfg) for name, cfg in configs.items()}
         ref = counts[study.reference]
         d_ref = _reference_tokens(study, scale, ref.n_params)
@@ -137,9 +150,7 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
                 f"({base.global_batch} x {base.seq_len} = {tps} tokens)"
             )
         ref_steps = _steps_for(d_ref, tps)
-        eval_every = (
-            max(1, study.eval.every_tokens // tps) if study.eval.every_tokens else max(1, ref_steps // study.eval.num_evals)
-        )
+        eval_every = max(1, study.eval.every_tokens // tps) if study.eval.every_tokens else max(1, ref_steps // study.eval.num_evals)
         extra = {"data_hash": data_hash, "calibration": _calibration_record(study, scale, table)}
         for v in study.variants:
             d_v = _variant_tokens(study, scale, v.name, d_ref, ref, counts[v.name], table)
@@ -148,16 +159,41 @@ def _plan_corpus(study: Study, corpus_name: str, corpus: dict[str, Any], table: 
             lr = tuned_lr.get((v.name, scale)) or v.lr or base.lr
             for seed in study.seeds:
                 if branched:
-                    make = partial(_run_spec, study, corpus_name, corpus, v, scale, seed, model_cfg=configs[v.name].model_dump(),
-                                   c=counts[v.name], eval_every=eval_every, extra=extra)
+                    make = partial(
+                        _run_spec,
+                        study,
+                        corpus_name,
+                        corpus,
+                        v,
+                        scale,
+                        seed,
+                        model_cfg=configs[v.name].model_dump(),
+                        c=counts[v.name],
+                        eval_every=eval_every,
+                        extra=extra,
+                    )
                     runs.extend(_branched_runs(branch_family(study, d_v, base.model_copy(update={"lr": lr})), make))
                     continue
                 for e in multipliers:
                     steps = _steps_for(d_v * e, tps)
-                    train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps)),
-                                                    "lr": lr})
-                    runs.append(_run_spec(study, corpus_name, corpus, v, scale, seed, e, configs[v.name].model_dump(),
-                                          counts[v.name], steps, train, eval_every, extra))
+                    train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps)), "lr": lr})
+                    runs.append(
+                        _run_spec(
+                            study,
+                            corpus_name,
+                            corpus,
+                            v,
+                            scale,
+                            seed,
+                            e,
+                            configs[v.name].model_dump(),
+                            counts[v.name],
+                            steps,
+                            train,
+                            eval_every,
+                            extra,
+                        )
+                    )
     return runs
 
 
@@ -166,24 +202,28 @@ def _branched_runs(family: BranchFamily, make: partial[RunSpec]) -> list[RunSpec
     then each branch, which names the trunk's run_id (so it enters the branch's identity)."""
     t = family.trunk
     trunk = make(e=t.multiplier, steps=t.total_steps, train=family.recipe, branch=family.trunk_fields())
-    return [trunk, *(make(e=b.multiplier, steps=b.total_steps, train=family.recipe, branch=family.branch_fields(b, trunk))
-                     for b in family.branches)]
+    return [
+        trunk,
+        *(make(e=b.multiplier, steps=b.total_steps, train=family.recipe, branch=family.branch_fields(b, trunk)) for b in family.branches),
+    ]
 
 
 def _scale_recipe(study: Study, scale: str, mqar: dict[str, Any] | None) -> TrainRecipe:
     """The scale's resolved recipe, checked against the workers and an MQAR corpus's windows."""
     base = resolve_train(study, scale)
     if base.global_batch % study.resources.workers:
-        raise PlanError(f"train.global_batch {base.global_batch} (at scale {scale}) is not divisible by "
-                        f"resources.workers {study.resources.workers}: every worker takes an equal share")
+        raise PlanError(
+            f"train.global_batch {base.global_batch} (at scale {scale}) is not divisible by "
+            f"resources.workers {study.resources.workers}: every worker takes an equal share"
+        )
     if mqar and base.seq_len != mqar["seq_len"]:
-        raise PlanError(f"train.seq_len {base.seq_len} must equal the MQAR corpus's seq_len "
-                        f"{mqar['seq_len']} (each example is one window)")
+        raise PlanError(f"train.seq_len {base.seq_len} must equal the MQAR corpus's seq_len {mqar['seq_len']} (each example is one window)")
     return base
 
 
-def _variant_tokens(study: Study, scale: str, variant: str, d_ref: int, ref: ModelCounts, counts: ModelCounts,
-                    table: ThroughputTable) -> float:
+def _variant_tokens(
+    study: Study, scale: str, variant: str, d_ref: int, ref: ModelCounts, counts: ModelCounts, table: ThroughputTable
+) -> float:
     """Variant's token budget before step rounding: D_ref (tokens), D_ref x F_ref / F_v
     (flops) or D_ref x tokens/s_v / tokens/s_ref (wallclock, from ``table``)."""
     mode = study.budget.mode
@@ -193,15 +233,30 @@ def _variant_tokens(study: Study, scale: str, variant: str, d_ref: int, ref: Mod
         return d_ref * ref.flops_per_token / counts.flops_per_token
     thr = table.get(scale)
     if not thr or variant not in thr or study.reference not in thr:
-        raise PlanError(f"budget.mode wallclock needs the throughput of every variant at scale {scale}: "
-                        "declare budget.throughput (tokens/s per variant) or measure it with "
-                        "`qkstudy calibrate SPEC`")
+        raise PlanError(
+            f"budget.mode wallclock needs the throughput of every variant at scale {scale}: "
+            "declare budget.throughput (tokens/s per variant) or measure it with "
+            "`qkstudy calibrate SPEC`"
+        )
     return d_ref * thr[variant] / thr[study.reference]
 
 
-def _run_spec(study: Study, corpus_name: str, corpus: dict[str, Any], v: VariantSpec, scale: str, seed: int,
-              e: float, model_cfg: dict[str, Any], c: ModelCounts, steps: int, train: TrainRecipe,
-              eval_every: int, extra: dict[str, Any], branch: dict[str, Any] | None = None) -> RunSpec:
+def _run_spec(
+    study: Study,
+    corpus_name: str,
+    corpus: dict[str, Any],
+    v: VariantSpec,
+    scale: str,
+    seed: int,
+    e: float,
+    model_cfg: dict[str, Any],
+    c: ModelCounts,
+    steps: int,
+    train: TrainRecipe,
+    eval_every: int,
+    extra: dict[str, Any],
+    branch: dict[str, Any] | None = None,
+) -> RunSpec:
     """One RunSpec, its ``run_id`` hashed from what it computes (module docstring); ``extra``
     holds its ``data_hash`` (in the identity) and ``calibration`` record (not in it);
     ``branch`` (protocol: branches only, so independent ids are unchanged) its trunk,

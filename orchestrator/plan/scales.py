@@ -60,13 +60,15 @@ def _entry(i: int, x: Any) -> ScaleEntry:
     if isinstance(x, str):
         allowed = preset_scales()
         if x not in allowed:
-            raise FieldError((i,), f"unknown scale {x!r}; allowed: {', '.join(allowed)} (or an inline shape "
-                                   "{name, n_layer, d_model, n_head} or {ladder: {targets, head_dim, aspect_ratio}})")
+            raise FieldError(
+                (i,),
+                f"unknown scale {x!r}; allowed: {', '.join(allowed)} (or an inline shape "
+                "{name, n_layer, d_model, n_head} or {ladder: {targets, head_dim, aspect_ratio}})",
+            )
         return x
     if isinstance(x, dict):
         return LadderScale.model_validate(x) if "ladder" in x else ScaleShape.model_validate(x)
-    raise FieldError((i,), f"expected a preset name, an inline shape {{name, n_layer, d_model, n_head}} or "
-                           f"{{ladder: {{...}}}}, got {x!r}")
+    raise FieldError((i,), f"expected a preset name, an inline shape {{name, n_layer, d_model, n_head}} or {{ladder: {{...}}}}, got {x!r}")
 
 
 def dispatch_entries(v: Any) -> Any:
@@ -105,8 +107,9 @@ class ResolvedScales:
     problems: list[tuple[Loc, str]] = field(default_factory=list)
 
 
-def resolve_scales(entries: list[ScaleEntry], model_variants: list[str], reference_variant: str,
-                   reference_options: dict[str, Any]) -> ResolvedScales:
+def resolve_scales(
+    entries: list[ScaleEntry], model_variants: list[str], reference_variant: str, reference_options: dict[str, Any]
+) -> ResolvedScales:
     """Names, shapes and rungs of validated ``scales:`` entries (`ResolvedScales`).
 
     Args:
@@ -143,8 +146,9 @@ def resolve_scales(entries: list[ScaleEntry], model_variants: list[str], referen
             out.shapes.setdefault(e.name, e)
         else:
             try:
-                rungs = generate_ladder(e.ladder, variant=reference_variant, options=reference_options, even_heads=even,
-                                        loc=loc + ("ladder",))
+                rungs = generate_ladder(
+                    e.ladder, variant=reference_variant, options=reference_options, even_heads=even, loc=loc + ("ladder",)
+                )
             except FieldError as err:
                 out.problems.append(err.problem())
                 continue
@@ -153,4 +157,3 @@ def resolve_scales(entries: list[ScaleEntry], model_variants: list[str], referen
                 out.shapes.setdefault(r.shape.name, r.shape)
                 out.rungs.setdefault(r.shape.name, r)
     return out
-

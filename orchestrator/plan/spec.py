@@ -36,8 +36,21 @@ from orchestrator.plan.specfile import (
 from orchestrator.plan.tracking_uri import tracking_uri_problem
 from orchestrator.plan.tuning import TuneSpec
 
-__all__ = ["SpecError", "Study", "VariantSpec", "BudgetSpec", "TrainSpec", "EvalSpec", "ResourcesSpec", "ScaleShape",
-           "LadderScale", "TuneSpec", "default_workdir", "parse_spec", "load_spec"]
+__all__ = [
+    "SpecError",
+    "Study",
+    "VariantSpec",
+    "BudgetSpec",
+    "TrainSpec",
+    "EvalSpec",
+    "ResourcesSpec",
+    "ScaleShape",
+    "LadderScale",
+    "TuneSpec",
+    "default_workdir",
+    "parse_spec",
+    "load_spec",
+]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WORKDIR_ROOT = Path("runs")
@@ -114,7 +127,7 @@ class BudgetSpec(_Strict):
     @field_validator("tokens")
     @classmethod
     def _tokens_positive(cls, v: int | dict[str, int] | None) -> int | dict[str, int] | None:
-        for scale, n in (v.items() if isinstance(v, dict) else [(None, v)]):
+        for scale, n in v.items() if isinstance(v, dict) else [(None, v)]:
             if n is not None and n <= 0:
                 raise ValueError(f"budget tokens{'' if scale is None else f' of {scale}'} must be positive, got {n}")
         return v
@@ -203,9 +216,11 @@ class Study(_Strict):
     corpora: dict[str, CorpusConfig] | None = None
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     scale_entries: list[ScaleEntry] = Field(
-        alias="scales", min_length=1,
+        alias="scales",
+        min_length=1,
         description="Preset names, inline shapes {name, n_layer, d_model, n_head, seq_len?, lr?, global_batch?} "
-                    "and ladders {ladder: {targets, head_dim, aspect_ratio, ...}}.")
+        "and ladders {ladder: {targets, head_dim, aspect_ratio, ...}}.",
+    )
     variants: list[VariantSpec] = Field(min_length=1)
     reference: str = "standard"
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
@@ -303,8 +318,7 @@ class Study(_Strict):
         """Scales resolved against the variants, the protocol's and tuning's field checks, all
         reported at their own field paths."""
         ref = next((v for v in self.variants if v.name == self.reference), self.variants[0])  # unknown: _cross_checks
-        resolved = resolve_scales(self.scale_entries, [v.model_variant for v in self.variants], ref.model_variant,
-                                  ref.options)
+        resolved = resolve_scales(self.scale_entries, [v.model_variant for v in self.variants], ref.model_variant, ref.options)
         self._scales, self._shapes, self._rungs = resolved.names, resolved.shapes, resolved.rungs
         problems = resolved.problems + protocol_problems(self.protocol, self.train.schedule, self.extend)
         if self.tune is not None:

@@ -162,8 +162,11 @@ def file_schema(root: type[BaseModel]) -> dict[str, Any]:
     """JSON Schema of a spec file: ``root``'s, plus ``extends`` (no model holds it: it is
     resolved before validation)."""
     schema = root.model_json_schema()
-    extends = {"type": "string", "title": "Extends",
-               "description": "Path (relative to this file) of a base spec merged under this file's keys."}
+    extends = {
+        "type": "string",
+        "title": "Extends",
+        "description": "Path (relative to this file) of a base spec merged under this file's keys.",
+    }
     schema["properties"] = {EXTENDS: extends, **schema["properties"]}
     return schema
 
@@ -193,7 +196,7 @@ def _field(cls: type[BaseModel], key: str) -> Any:
 
 
 def _unknown_field_message(root: type[BaseModel], loc: Loc) -> str:
-    """"unknown field (did you mean ...? allowed: ...)" from the fields of the models that can
+    """ "unknown field (did you mean ...? allowed: ...)" from the fields of the models that can
     hold ``loc`` (several where a field is a union of models, e.g. a scale entry)."""
     models = [root]
     for part in loc[:-1]:  # dict keys and list indices are skipped
@@ -215,9 +218,10 @@ def value_error_details(loc: Loc, message: str, value: Any = None) -> InitErrorD
 def error_details(err: ValidationError, prefix: Loc = ()) -> list[InitErrorDetails]:
     """``err``'s errors, their paths under ``prefix``: to re-raise a nested model's errors at the
     path of the entry that holds it."""
-    return [InitErrorDetails(type=e["type"], loc=(*prefix, *e["loc"]), input=e["input"],
-                             **({"ctx": e["ctx"]} if "ctx" in e else {}))  # type: ignore[typeddict-item]
-            for e in err.errors(include_url=False)]
+    return [
+        InitErrorDetails(type=e["type"], loc=(*prefix, *e["loc"]), input=e["input"], **({"ctx": e["ctx"]} if "ctx" in e else {}))  # type: ignore[typeddict-item]
+        for e in err.errors(include_url=False)
+    ]
 
 
 def raise_problems(title: str, problems: list[tuple[Loc, str]]) -> None:

@@ -37,7 +37,7 @@ def tracking_uri_problem(uri: str) -> str | None:
         return f"unsupported tracking URI scheme {m.group(1)!r} in {uri!r}: expected a path or one of {allowed}"
     if scheme.lower() in DATABASE_SCHEMES and m.group(1) != m.group(1).lower():
         return f"database scheme {m.group(1)!r} in {uri!r} must be lower case ({m.group(1).lower()}:)"
-    if scheme == "sqlite" and uri[m.end():].split("?", 1)[0] in ("", "//", "///", "///:memory:"):
+    if scheme == "sqlite" and uri[m.end() :].split("?", 1)[0] in ("", "//", "///", "///:memory:"):
         return f"{uri!r} is an in-memory SQLite store: every process would get its own, empty (give a file: sqlite:///path/mlflow.db)"
     return None
 

@@ -49,18 +49,30 @@ def _tuning_spec(study: Study, base: RunSpec, t: TuningRun) -> RunSpec:
     """RunSpec of tuning run ``t`` derived from its arm's untuned x1 run ``base``."""
     train = base.train.model_copy(update={"lr": t.lr, "warmup_steps": int(round(study.train.warmup_fraction * t.steps))})
     eval_every = max(1, t.steps // study.eval.num_evals)
-    return base.model_copy(update={
-        "run_id": run_identity({"base": base.run_id, **t.identity()}), "kind": t.kind, "seed": t.seed,
-        "extend": 1.0, "steps": t.steps, "tokens": t.tokens, "total_flops": t.total_flops, "train": train,
-        "eval_every_steps": eval_every, "trunk": None, "branch_step": None, "branch_points": [],  # a tuning run branches from nothing
-    })
+    return base.model_copy(
+        update={
+            "run_id": run_identity({"base": base.run_id, **t.identity()}),
+            "kind": t.kind,
+            "seed": t.seed,
+            "extend": 1.0,
+            "steps": t.steps,
+            "tokens": t.tokens,
+            "total_flops": t.total_flops,
+            "train": train,
+            "eval_every_steps": eval_every,
+            "trunk": None,
+            "branch_step": None,
+            "branch_points": [],  # a tuning run branches from nothing
+        }
+    )
 
 
 def tuning_results(runs: Iterable[RunSpec], outcomes: dict[str, tuple[float | None, str]]) -> list[TuningResult]:
     """`TuningResult` of every tuning run from ``outcomes``: run_id -> (final val loss in
     nats/token or None, status); a run without an outcome is ``queued`` (no result yet)."""
-    return [TuningResult(r.variant, r.scale, r.train.lr, r.seed, *outcomes.get(r.run_id, (None, "queued")))
-            for r in runs if r.kind == "tune"]
+    return [
+        TuningResult(r.variant, r.scale, r.train.lr, r.seed, *outcomes.get(r.run_id, (None, "queued"))) for r in runs if r.kind == "tune"
+    ]
 
 
 def tuned_lrs(study: Study, choices: dict[tuple[str, str], LrChoice]) -> dict[tuple[str, str], float]:
@@ -85,6 +97,8 @@ def tuning_summary(study: Study, untuned: list[RunSpec]) -> str:
     at the recipe LR: their trained ids follow the LR tuning chooses."""
     tuning = plan_tuning(study, untuned)
     flops, main = sum(r.total_flops for r in tuning), sum(r.total_flops for r in untuned)
-    return (f"tuning (not in the main budget): {len(tuning)} runs, {sum(r.tokens for r in tuning):,} tokens, "
-            f"{flops:.3e} FLOPs ({flops / main:.1%} of the main runs' FLOPs); the main runs train at each "
-            "(variant, scale)'s tuned LR, so their ids change from those listed")
+    return (
+        f"tuning (not in the main budget): {len(tuning)} runs, {sum(r.tokens for r in tuning):,} tokens, "
+        f"{flops:.3e} FLOPs ({flops / main:.1%} of the main runs' FLOPs); the main runs train at each "
+        "(variant, scale)'s tuned LR, so their ids change from those listed"
+    )

@@ -120,8 +120,7 @@ class TuningRun:
 
     def identity(self) -> dict[str, Any]:
         """Identity fields of the tuning run (kind, variant, scale, lr, seed, steps)."""
-        return {"kind": self.kind, "variant": self.variant, "scale": self.scale, "lr": self.lr, "seed": self.seed,
-                "steps": self.steps}
+        return {"kind": self.kind, "variant": self.variant, "scale": self.scale, "lr": self.lr, "seed": self.seed, "steps": self.steps}
 
 
 def tuning_steps(tune: TuneSpec, arm: Arm, loc: Loc = ("tune", "tokens")) -> int:
@@ -139,8 +138,9 @@ def tuning_runs(tune: TuneSpec, arms: Iterable[Arm], default_seeds: Sequence[int
     runs: list[TuningRun] = []
     for arm in arms:
         steps = tuning_steps(tune, arm)
-        runs.extend(TuningRun(arm.variant, arm.scale, lr, seed, steps, arm.tokens_per_step, arm.flops_per_token)
-                    for lr in tune.lr for seed in seeds)
+        runs.extend(
+            TuningRun(arm.variant, arm.scale, lr, seed, steps, arm.tokens_per_step, arm.flops_per_token) for lr in tune.lr for seed in seeds
+        )
     return runs
 
 
@@ -220,9 +220,9 @@ def choose_lr(results: Iterable[TuningResult], grid: Sequence[float], seeds: Seq
         table = {g: (math.fsum(by_lr[g].values()) / len(by_lr[g]) if by_lr.get(g) else math.nan) for g in grid}
         finite = [g for g in grid if math.isfinite(table[g])]
         best = min(finite, key=lambda g: table[g]) if finite else None  # min keeps the first (smaller) on ties
-        edge = None if best is None else "only" if len(grid) == 1 else \
-            "lowest" if best == grid[0] else "highest" if best == grid[-1] else None
+        edge = (
+            None if best is None else "only" if len(grid) == 1 else "lowest" if best == grid[0] else "highest" if best == grid[-1] else None
+        )
         missing = tuple((g, s) for g in grid for s in seeds if s not in by_lr.get(g, {}))
-        out[variant, scale] = LrChoice(variant, scale, best, table[best] if best is not None else math.inf, table,
-                                       edge, missing)
+        out[variant, scale] = LrChoice(variant, scale, best, table[best] if best is not None else math.inf, table, edge, missing)
     return out

@@ -149,9 +149,13 @@ def _build_per_corpus(study: str, tracking_uri: str, out: Path, corpora: list[st
         raise ReportError(f"cannot write report folder {out}: {err}") from err
     os.chmod(out, 0o755)
     parts = {c: build_report(study, tracking_uri, out / c, corpus=c, **kw) for c in corpora}
-    summary = {"generator": GENERATOR, "study": study, "corpora": corpora,
-               "scales": [s_ for c in corpora for s_ in parts[c]["scales"]],
-               "reports": {c: f"{c}/report.md" for c in corpora}}
+    summary = {
+        "generator": GENERATOR,
+        "study": study,
+        "corpora": corpora,
+        "scales": [s_ for c in corpora for s_ in parts[c]["scales"]],
+        "reports": {c: f"{c}/report.md" for c in corpora},
+    }
     write_file(out / "report.md", render.corpus_index(summary))
     write_file(out / "summary.json", json.dumps(jsonable(summary), indent=2))
     return summary
@@ -186,8 +190,10 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
     """
     runs, untagged = gaps.untagged(data.runs)
     if runs.empty:
-        raise ReportError(f"study {data.study!r}: nothing to report: none of its {len(data.runs)} runs carries the "
-                          "variant and scale tags (README, \"Conventions the numbers depend on\")")
+        raise ReportError(
+            f"study {data.study!r}: nothing to report: none of its {len(data.runs)} runs carries the "
+            'variant and scale tags (README, "Conventions the numbers depend on")'
+        )
     variants_seen = sorted(runs["variant"].unique())
     if reference not in variants_seen:
         raise ReportError(f"study {data.study!r}: reference variant {reference!r} has no runs; variants: {variants_seen}")
@@ -197,14 +203,22 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
             f"study {data.study!r}: target variant {target!r} has no runs or is the reference; non-reference variants: {others}"
         )
     metrics = data.metrics[data.metrics["run_uuid"].isin(runs["run_uuid"])]
-    nums = _numbers(runs, metrics, reference, target if target in others else (others[0] if others else None),
-                    expected, n_boot, np.random.default_rng(seed))
+    nums = _numbers(
+        runs,
+        metrics,
+        reference,
+        target if target in others else (others[0] if others else None),
+        expected,
+        n_boot,
+        np.random.default_rng(seed),
+    )
     nums.gaps = untagged + nums.gaps
     return _summary(data, nums, n_boot), _tables(nums), _figures(nums)
 
 
-def _numbers(runs: pd.DataFrame, metrics: pd.DataFrame, reference: str, target: str | None, expected, n_boot: int,
-             rng: np.random.Generator) -> Numbers:
+def _numbers(
+    runs: pd.DataFrame, metrics: pd.DataFrame, reference: str, target: str | None, expected, n_boot: int, rng: np.random.Generator
+) -> Numbers:
     finals = C.run_finals(runs, metrics)
     n_of = finals.groupby("scale")["n_params"].median()
     # By N; scales without a logged N after those with one, by name.
@@ -214,18 +228,41 @@ def _numbers(runs: pd.DataFrame, metrics: pd.DataFrame, reference: str, target: 
     ratios = [token_ratio(s, v, reference, finals, ppl_curves).to_dict() for s in scales for v in variants[1:]]
     paired = paired_differences(finals, scales, variants, reference)
     return Numbers(
-        finals=finals, metrics=metrics, ppl_curves=ppl_curves, scales=scales, variants=variants, reference=reference,
-        target=target, ratios=ratios, paired=paired, final=tables.final_table(finals, scales, variants, reference, paired),
+        finals=finals,
+        metrics=metrics,
+        ppl_curves=ppl_curves,
+        scales=scales,
+        variants=variants,
+        reference=reference,
+        target=target,
+        ratios=ratios,
+        paired=paired,
+        final=tables.final_table(finals, scales, variants, reference, paired),
         cost=tables.in_order(C.paired_cost(finals, reference), scales, variants),
         attention=tables.in_order(C.final_attention(finals, metrics), scales, variants),
         scaling=scaling_analysis(finals, reference, n_boot=max(50, n_boot // 5), rng=rng),
-        status=tables.run_status(finals, expected), gaps=gaps.input_gaps(finals, metrics),
+        status=tables.run_status(finals, expected),
+        gaps=gaps.input_gaps(finals, metrics),
     )
 
 
 def _tables(n: Numbers) -> dict[str, pd.DataFrame]:
-    run_cols = ["run_name", "run_id", "variant", "scale", "seed", "extend", "status", "tokens", "final_ppl", "final_wall_s",
-                "final_accuracy", "n_params", "flops_per_token", "failure_reason"]
+    run_cols = [
+        "run_name",
+        "run_id",
+        "variant",
+        "scale",
+        "seed",
+        "extend",
+        "status",
+        "tokens",
+        "final_ppl",
+        "final_wall_s",
+        "final_accuracy",
+        "n_params",
+        "flops_per_token",
+        "failure_reason",
+    ]
     out = {
         "final_ppl": n.final,
         "paired": tables.in_order(n.paired, n.scales, n.variants),
@@ -284,8 +321,16 @@ def _scale_entry(s: str, n: Numbers) -> dict:
 def _headline(head: dict | None) -> dict:
     """The headline target's token ratio fields of a scale entry (RatioResult.to_dict or None)."""
     if head is None:
-        return {"token_ratio": None, "censored": False, "token_ratio_display": "n/a", "token_ratio_ci": None,
-                "token_ratio_reason": "no non-reference variant", "single_run_ratio": None, "flop_ratio": None, "wall_ratio": None}
+        return {
+            "token_ratio": None,
+            "censored": False,
+            "token_ratio_display": "n/a",
+            "token_ratio_ci": None,
+            "token_ratio_reason": "no non-reference variant",
+            "single_run_ratio": None,
+            "flop_ratio": None,
+            "wall_ratio": None,
+        }
     tr = head["token_ratio"]
     return {
         "token_ratio": tr["value"],

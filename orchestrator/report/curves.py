@@ -119,9 +119,14 @@ def paired_cost(finals: pd.DataFrame, reference: str) -> pd.DataFrame:
     m["wall_ratio"] = m["final_wall_s"] / m["ref_wall_s"]
     m["tpt_ratio"] = (m["final_wall_s"] / m["tokens"]) / (m["ref_wall_s"] / m["ref_tokens"])
     g = m.groupby(["scale", "variant"], sort=True)
-    return g.agg(wall_s=("final_wall_s", "mean"), wall_ratio=("wall_ratio", "mean"), wall_ratio_std=("wall_ratio", "std"),
-                 time_per_token_ratio=("tpt_ratio", "mean"), time_per_token_ratio_std=("tpt_ratio", "std"),
-                 n_pairs=("wall_ratio", "size")).reset_index()
+    return g.agg(
+        wall_s=("final_wall_s", "mean"),
+        wall_ratio=("wall_ratio", "mean"),
+        wall_ratio_std=("wall_ratio", "std"),
+        time_per_token_ratio=("tpt_ratio", "mean"),
+        time_per_token_ratio_std=("tpt_ratio", "std"),
+        n_pairs=("wall_ratio", "size"),
+    ).reset_index()
 
 
 ATTENTION_KEYS = {"effective_rank": "attn/effective_rank", "entropy": "attn/entropy"}

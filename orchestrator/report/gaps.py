@@ -16,10 +16,12 @@ MAX_NAMES = 8
 
 # (param column, what is missing, what that removes)
 _PARAM_GAPS = (
-    ("n_params", "the n_params param (N, non-embedding parameters)",
-     "N is shown as —, and the scaling fits and crossover vs N leave them out"),
-    ("flops_per_token", "the flops_per_token param",
-     "no FLOP ratio and no FLOPs axis (ppl_vs_flops.png, scaling vs FLOPs) for them"),
+    (
+        "n_params",
+        "the n_params param (N, non-embedding parameters)",
+        "N is shown as —, and the scaling fits and crossover vs N leave them out",
+    ),
+    ("flops_per_token", "the flops_per_token param", "no FLOP ratio and no FLOPs axis (ppl_vs_flops.png, scaling vs FLOPs) for them"),
     ("planned_tokens", "the planned_tokens param", "their tokens are taken from the last logged step"),
 )
 _METRIC_GAPS = (
@@ -46,8 +48,11 @@ def names(runs: pd.DataFrame) -> str:
 
 def _sentence(runs: pd.DataFrame, missing: str, effect: str) -> dict:
     n = len(runs)
-    return {"missing": missing, "runs": list(runs["run_name"]),
-            "text": f"{n} run{'s' if n != 1 else ''} ({names(runs)}) lack{'s' if n == 1 else ''} {missing}: {effect}."}
+    return {
+        "missing": missing,
+        "runs": list(runs["run_name"]),
+        "text": f"{n} run{'s' if n != 1 else ''} ({names(runs)}) lack{'s' if n == 1 else ''} {missing}: {effect}.",
+    }
 
 
 def untagged(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
@@ -63,8 +68,13 @@ def input_gaps(finals: pd.DataFrame, metrics: pd.DataFrame) -> list[dict]:
     done = finals["status"] == "finished"
     no_final = finals[done & ~finals["complete"]]
     if len(no_final):
-        out.append(_sentence(no_final, "final/val_ppl (the full validation pass at the planned tokens)",
-                             "they are left out of the final-perplexity tables, verdicts, token ratio and scaling fits"))
+        out.append(
+            _sentence(
+                no_final,
+                "final/val_ppl (the full validation pass at the planned tokens)",
+                "they are left out of the final-perplexity tables, verdicts, token ratio and scaling fits",
+            )
+        )
     no_seed = finals[finals["seed"].isna()]
     if len(no_seed):
         out.append(_sentence(no_seed, "the seed tag", "they are not paired with any run"))
@@ -82,5 +92,8 @@ def input_gaps(finals: pd.DataFrame, metrics: pd.DataFrame) -> list[dict]:
 
 def figure_gaps(drawn: list[str]) -> list[dict]:
     """A sentence for each standard figure that was not drawn, with what it needs."""
-    return [{"missing": f, "runs": [], "text": f"{f} is not drawn: it needs {need}, which the store does not have."}
-            for f, need in FIGURE_NEEDS.items() if f not in drawn]
+    return [
+        {"missing": f, "runs": [], "text": f"{f} is not drawn: it needs {need}, which the store does not have."}
+        for f, need in FIGURE_NEEDS.items()
+        if f not in drawn
+    ]

@@ -65,8 +65,14 @@ from orchestrator.report.solve import monotone_curve
 # true ratio) -> fraction of 400 repetitions covering it (module docstring; test_coverage.py
 # checks these numbers against the simulation it runs).
 COVERAGE: dict[tuple[float, int, float], float] = {
-    (0.03, 3, 1.8): 0.9575, (0.03, 5, 1.8): 0.9375, (0.1, 3, 1.8): 0.9525, (0.1, 5, 1.8): 0.9575,
-    (0.03, 3, 4.0): 1.0, (0.03, 5, 4.0): 1.0, (0.1, 3, 4.0): 1.0, (0.1, 5, 4.0): 1.0,
+    (0.03, 3, 1.8): 0.9575,
+    (0.03, 5, 1.8): 0.9375,
+    (0.1, 3, 1.8): 0.9525,
+    (0.1, 5, 1.8): 0.9575,
+    (0.03, 3, 4.0): 1.0,
+    (0.03, 5, 4.0): 1.0,
+    (0.1, 3, 4.0): 1.0,
+    (0.1, 5, 4.0): 1.0,
 }
 
 
@@ -103,8 +109,7 @@ class Runs:
     def level_means(self, values: np.ndarray) -> np.ndarray:
         """Mean of `values` (shape (n,)) per extend level, in token order (NaN ignored)."""
         ext, _ = self.levels()
-        return np.array([np.nanmean(values[self.extend == e]) if np.isfinite(values[self.extend == e]).any() else np.nan
-                         for e in ext])
+        return np.array([np.nanmean(values[self.extend == e]) if np.isfinite(values[self.extend == e]).any() else np.nan for e in ext])
 
 
 @dataclass

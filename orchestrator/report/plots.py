@@ -104,13 +104,7 @@ def _log_axes(ax, drawn: bool, what: str) -> bool:
 
 
 def ppl_curves(
-    curves: pd.DataFrame,
-    finals: pd.DataFrame,
-    scales: list[str],
-    cmap: dict[str, str],
-    reference: str,
-    x: str,
-    path: Path,
+    curves: pd.DataFrame, finals: pd.DataFrame, scales: list[str], cmap: dict[str, str], reference: str, x: str, path: Path
 ) -> Path | None:
     """Val perplexity vs x ("step" = tokens, "flops" or "wall_s"), one panel per scale.
 
@@ -204,8 +198,15 @@ def _scaling_panel(ax, f: pd.DataFrame, xcol: str, key: str, analysis: dict, cma
     drawn = False
     for variant, g in f.groupby("variant"):
         p = g.groupby("scale")[[xcol, "final_ppl"]].agg(["mean", "std"])
-        ax.errorbar(p[(xcol, "mean")], p[("final_ppl", "mean")], yerr=p[("final_ppl", "std")].fillna(0), fmt="o",
-                    color=cmap[variant], label=variant, capsize=2)
+        ax.errorbar(
+            p[(xcol, "mean")],
+            p[("final_ppl", "mean")],
+            yerr=p[("final_ppl", "std")].fillna(0),
+            fmt="o",
+            color=cmap[variant],
+            label=variant,
+            capsize=2,
+        )
         fit = analysis["fits"].get(variant, {}).get(key, {}).get("fit")
         if fit:
             drawn = True
@@ -268,7 +269,9 @@ def attention(diag: dict[str, pd.DataFrame], scales: list[str], cmap: dict[str, 
             for variant, g in cs.groupby("variant", sort=False):
                 g = g.sort_values("step")
                 ax.plot(g["step"], g["mean"], color=cmap[variant], label=variant)
-                ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0), color=cmap[variant], alpha=0.2, lw=0)
+                ax.fill_between(
+                    g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0), color=cmap[variant], alpha=0.2, lw=0
+                )
             ax.set_title(f"{key}, scale {scale}", fontsize=9)
             if cs.empty:
                 ax.text(0.5, 0.5, f"no {key}", ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")

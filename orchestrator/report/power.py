@@ -109,8 +109,9 @@ class PairedVerdict:
     unpaired: tuple[int, ...] = ()
 
 
-def paired_verdict(variant: Mapping[int, float], reference: Mapping[int, float], alpha: float = ALPHA,
-                   power: float = POWER) -> PairedVerdict:
+def paired_verdict(
+    variant: Mapping[int, float], reference: Mapping[int, float], alpha: float = ALPHA, power: float = POWER
+) -> PairedVerdict:
     """`PairedVerdict` of per-seed final losses (seed -> nats/token) of a variant and the reference.
 
     Fewer than 2 common seeds: "no verdict: one seed" (or "no verdict: no seed of both"),
@@ -135,8 +136,9 @@ def paired_verdict(variant: Mapping[int, float], reference: Mapping[int, float],
         ci = res.confidence_interval(1 - alpha)
         p, low, high = float(res.pvalue), float(ci.low), float(ci.high)
     verdict = "no detectable difference" if p >= alpha else "better" if mean < 0 else "worse"
-    return PairedVerdict(n, mean, low, high, p, sd, min_detectable_effect(n, sd, alpha, power),
-                         seeds_needed(mean, sd, alpha, power), verdict, unpaired)
+    return PairedVerdict(
+        n, mean, low, high, p, sd, min_detectable_effect(n, sd, alpha, power), seeds_needed(mean, sd, alpha, power), verdict, unpaired
+    )
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,7 @@ def diff_sd(seed_sd: float, correlation: float = 0.0) -> float:
     return seed_sd * math.sqrt(2 * (1 - correlation))
 
 
-def plan_power(n_seeds: int, sd: float, effect: float | None = None, alpha: float = ALPHA,
-               power: float = POWER) -> PowerEstimate:
+def plan_power(n_seeds: int, sd: float, effect: float | None = None, alpha: float = ALPHA, power: float = POWER) -> PowerEstimate:
     """The power estimate for ``qkstudy plan``: ``sd`` is the declared or previously measured
     sd of paired differences (nats; `diff_sd` converts a per-arm seed spread). Raises
     ValueError for n_seeds < 2 ("no verdict: one seed") or sd < 0."""

@@ -136,8 +136,7 @@ def _sql_queries(eid: int) -> dict[str, str]:
     where = f"r.experiment_id = {int(eid)} AND r.lifecycle_stage = 'active'"
     join = f"JOIN runs r ON r.run_uuid = x.run_uuid WHERE {where}"
     return {
-        "runs": "SELECT r.run_uuid, r.name AS run_name, r.status AS mlflow_status, r.start_time, r.end_time "
-        f"FROM runs r WHERE {where}",
+        "runs": f"SELECT r.run_uuid, r.name AS run_name, r.status AS mlflow_status, r.start_time, r.end_time FROM runs r WHERE {where}",
         "tags": f"SELECT x.run_uuid, x.key, x.value FROM tags x {join}",
         "params": f"SELECT x.run_uuid, x.key, x.value FROM params x {join}",
         "metrics": f"SELECT x.run_uuid, x.key, x.step, x.value, x.timestamp, x.is_nan FROM metrics x {join}",
@@ -223,26 +222,17 @@ def _query_client(study: str, tracking_uri: str, with_metrics: bool) -> StudyDat
     found: list = []
     token = None
     while True:
-        page = client.search_runs(
-            [exp.experiment_id], run_view_type=ViewType.ACTIVE_ONLY, max_results=50000, page_token=token
-        )
+        page = client.search_runs([exp.experiment_id], run_view_type=ViewType.ACTIVE_ONLY, max_results=50000, page_token=token)
         found.extend(page)
         token = page.token
         if not token:
             break
     runs = pd.DataFrame(
-        [
-            (r.info.run_id, r.info.run_name, r.info.status, r.info.start_time, r.info.end_time)
-            for r in found
-        ],
+        [(r.info.run_id, r.info.run_name, r.info.status, r.info.start_time, r.info.end_time) for r in found],
         columns=["run_uuid", "run_name", "mlflow_status", "start_time", "end_time"],
     )
-    tags = pd.DataFrame(
-        [(r.info.run_id, k, v) for r in found for k, v in r.data.tags.items()], columns=["run_uuid", "key", "value"]
-    )
-    params = pd.DataFrame(
-        [(r.info.run_id, k, v) for r in found for k, v in r.data.params.items()], columns=["run_uuid", "key", "value"]
-    )
+    tags = pd.DataFrame([(r.info.run_id, k, v) for r in found for k, v in r.data.tags.items()], columns=["run_uuid", "key", "value"])
+    params = pd.DataFrame([(r.info.run_id, k, v) for r in found for k, v in r.data.params.items()], columns=["run_uuid", "key", "value"])
     run_table = _run_table(runs, tags, params)
     if not with_metrics:
         return StudyData(study, tracking_uri, exp.experiment_id, run_table, _empty_metrics())
@@ -350,9 +340,7 @@ def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame) -> 
     runs["extend"] = pd.to_numeric(runs["extend"], errors="coerce").fillna(1.0).astype(float)
     runs["status"] = runs["status"].fillna(runs["mlflow_status"].str.lower())
     runs["run_name"] = runs["run_name"].fillna("")
-    return runs.sort_values(["scale", "variant", "extend", "seed", "run_name"], na_position="last").reset_index(
-        drop=True
-    )
+    return runs.sort_values(["scale", "variant", "extend", "seed", "run_name"], na_position="last").reset_index(drop=True)
 
 
 def _clean_metrics(metrics: pd.DataFrame, run_table: pd.DataFrame) -> pd.DataFrame:

@@ -99,13 +99,7 @@ class RatioResult:
 
 
 def token_ratio(
-    scale: str,
-    variant: str,
-    reference: str,
-    finals: pd.DataFrame,
-    curves: pd.DataFrame | None = None,
-    *,
-    level: float = 0.95,
+    scale: str, variant: str, reference: str, finals: pd.DataFrame, curves: pd.DataFrame | None = None, *, level: float = 0.95
 ) -> RatioResult:
     """Token ratio of `variant` vs `reference` at `scale` from per-run finals (curves.run_finals).
 

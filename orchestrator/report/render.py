@@ -17,7 +17,7 @@ from orchestrator.report.sections import sections
 
 CAPTIONS = {
     "ppl_vs_tokens.png": "Validation perplexity vs tokens seen, one panel per scale (seed mean, band = +-1 std; x = final points of the reference's extend runs).",
-    "ppl_vs_flops.png": "Validation perplexity vs training FLOPs (3 x forward; README, \"Conventions the numbers depend on\"), one panel per scale.",
+    "ppl_vs_flops.png": 'Validation perplexity vs training FLOPs (3 x forward; README, "Conventions the numbers depend on"), one panel per scale.',
     "ppl_vs_wallclock.png": "Validation perplexity vs wall-clock seconds, one panel per scale.",
     "token_ratio.png": "Token ratio per scale with its 95% seed-paired interval; triangles are censored bounds.",
     "scaling.png": "Final perplexity vs N (non-embedding) and vs FLOPs, with fitted L = E + A x^-alpha only where the Scaling section accepts a fit; the paper's points on their own panel.",
@@ -54,14 +54,20 @@ def html(summary: dict, tables: dict[str, pd.DataFrame], fig_dir: Path) -> str:
             body.append(s.table.to_html(index=False, na_rep="—", border=0, classes="t"))
         for f in s.figures:
             data = base64.b64encode((Path(fig_dir) / f).read_bytes()).decode("ascii")
-            body.append(f'<figure><img src="data:image/png;base64,{data}" alt="{esc(f)}"><figcaption>{esc(CAPTIONS.get(f, f))}</figcaption></figure>')
+            body.append(
+                f'<figure><img src="data:image/png;base64,{data}" alt="{esc(f)}"><figcaption>{esc(CAPTIONS.get(f, f))}</figcaption></figure>'
+            )
     style = (
         "body{font-family:system-ui,sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;color:#222}"
         "table.t{border-collapse:collapse;font-size:13px;margin:1em 0}table.t td,table.t th{border:1px solid #ccc;padding:3px 8px}"
         "table.t th{background:#f3f3f3}img{max-width:100%}figcaption{font-size:12px;color:#555}"
     )
     title = esc(f"qkstudy report: {summary['study']}")
-    return f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title><style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{style}</style></head>\n<body>\n'
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
 
 
 def corpus_index(summary: dict) -> str:
@@ -69,16 +75,22 @@ def corpus_index(summary: dict) -> str:
     corpora, variants = summary["corpora"], _variants(summary)
     lines = [f"# qkstudy report: {summary['study']}", "", "One report per corpus (scales are not pooled across corpora):", ""]
     lines += [f"- [{c}]({c}/report.md) ([html]({c}/report.html))" for c in corpora]
-    lines += ["", "Token ratio of each scale's headline variant (`<B`/`>B`: censored at the measured range), "
-              "seed-mean final perplexity per variant, and the corpus's unigram perplexity (its validation split under its "
-              "tokenizer; `not recorded` in an older store).", "",
-              "| corpus | scale | variant | token ratio | 95% interval | " + " | ".join(f"{v} ppl" for v in variants)
-              + " | unigram ppl |", "|---|---|---|---|---|" + "---|" * len(variants) + "---|"]
+    lines += [
+        "",
+        "Token ratio of each scale's headline variant (`<B`/`>B`: censored at the measured range), "
+        "seed-mean final perplexity per variant, and the corpus's unigram perplexity (its validation split under its "
+        "tokenizer; `not recorded` in an older store).",
+        "",
+        "| corpus | scale | variant | token ratio | 95% interval | " + " | ".join(f"{v} ppl" for v in variants) + " | unigram ppl |",
+        "|---|---|---|---|---|" + "---|" * len(variants) + "---|",
+    ]
     for s_ in summary["scales"]:
         head = s_.get("ratios", {}).get(s_.get("target")) or {}
         ppl = " | ".join(f"{s_['final_ppl'][v]:.2f}" if v in s_.get("final_ppl", {}) else "-" for v in variants)
-        lines.append(f"| {s_['corpus']} | {s_['scale']} | {s_.get('target') or '-'} | {s_.get('token_ratio_display', 'n/a')} "
-                     f"| {head.get('interval_display', 'n/a')} | {ppl} | {_unigram(s_.get('unigram_ppl'))} |")
+        lines.append(
+            f"| {s_['corpus']} | {s_['scale']} | {s_.get('target') or '-'} | {s_.get('token_ratio_display', 'n/a')} "
+            f"| {head.get('interval_display', 'n/a')} | {ppl} | {_unigram(s_.get('unigram_ppl'))} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -62,8 +62,9 @@ def _law(x, E, A, alpha):
     return E + A * x ** (-alpha)
 
 
-def fit_power_law(x: np.ndarray, loss: np.ndarray, *, alpha: float | None = None,
-                  starts: list[tuple[float, float]] | None = None) -> PowerLawFit | None:
+def fit_power_law(
+    x: np.ndarray, loss: np.ndarray, *, alpha: float | None = None, starts: list[tuple[float, float]] | None = None
+) -> PowerLawFit | None:
     """Best least-squares fit over several (alpha, E-fraction) starts.
 
     x: shape (n,), positive (parameters or FLOPs); loss: shape (n,), nats/token. alpha: a
@@ -90,8 +91,9 @@ def fit_power_law(x: np.ndarray, loss: np.ndarray, *, alpha: float | None = None
                     p, _ = curve_fit(lambda t, e, a: _law(t, e, a, alpha), u, loss, p0=p0, bounds=([0.0, 0.0], [lo, np.inf]))
                     p = (*p, alpha)
                 else:
-                    p, _ = curve_fit(_law, u, loss, p0=(*p0, alpha0), bounds=([0.0, 0.0, ALPHA_BOUNDS[0]], [lo, np.inf, ALPHA_BOUNDS[1]]),
-                                     maxfev=5000)
+                    p, _ = curve_fit(
+                        _law, u, loss, p0=(*p0, alpha0), bounds=([0.0, 0.0, ALPHA_BOUNDS[0]], [lo, np.inf, ALPHA_BOUNDS[1]]), maxfev=5000
+                    )
         except (RuntimeError, ValueError):
             continue
         sse = float(np.sum((_law(u, *p) - loss) ** 2))
@@ -127,13 +129,17 @@ def refusal(points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None)
     n_par, k = (2 if fixed_alpha is not None else 3), len(means)
     why = []
     if k <= n_par:
-        why.append(f"{k} scale{'s' if k != 1 else ''} for a {n_par}-parameter law: a fit needs at least {n_par + 1} distinct "
-                   "scales" + ("" if fixed_alpha is not None else ", or a fixed exponent"))
+        why.append(
+            f"{k} scale{'s' if k != 1 else ''} for a {n_par}-parameter law: a fit needs at least {n_par + 1} distinct "
+            "scales" + ("" if fixed_alpha is not None else ", or a fixed exponent")
+        )
     rise = np.nonzero(np.diff(means["loss"].to_numpy()) >= 0)[0]
     if len(rise):
         a, b = means.iloc[rise[0]], means.iloc[rise[0] + 1]
-        why.append(f"loss does not fall with {label}: seed-mean loss {a['loss']:.3f} nats at {label} = {a[x]:.3g} "
-                   f"rises to {b['loss']:.3f} at {b[x]:.3g}")
+        why.append(
+            f"loss does not fall with {label}: seed-mean loss {a['loss']:.3f} nats at {label} = {a[x]:.3g} "
+            f"rises to {b['loss']:.3f} at {b[x]:.3g}"
+        )
     return "; ".join(why) or None
 
 
@@ -168,8 +174,9 @@ def crossover_scale(ref: PowerLawFit, var: PowerLawFit, n_min: float, n_max: flo
     return float(np.exp(np.log(grid[i - 1]) + u * (np.log(grid[i]) - np.log(grid[i - 1]))))
 
 
-def scaling_analysis(finals: pd.DataFrame, reference: str, *, n_boot: int = 200, rng: np.random.Generator | None = None,
-                     fixed_alpha: float | None = None) -> dict:
+def scaling_analysis(
+    finals: pd.DataFrame, reference: str, *, n_boot: int = 200, rng: np.random.Generator | None = None, fixed_alpha: float | None = None
+) -> dict:
     """Fits per variant vs N and vs FLOPs (or their refusals), and each variant's crossover.
 
     finals: curves.run_finals output. Returns {"fixed_alpha": fixed_alpha, "fits": {variant:
@@ -196,8 +203,9 @@ def scaling_analysis(finals: pd.DataFrame, reference: str, *, n_boot: int = 200,
     return {"fixed_alpha": fixed_alpha, "fits": fits, "crossover": cross}
 
 
-def _crossover(f: pd.DataFrame, variant: str, reference: str, objs: dict, n_boot: int, rng: np.random.Generator,
-               fixed_alpha: float | None) -> dict:
+def _crossover(
+    f: pd.DataFrame, variant: str, reference: str, objs: dict, n_boot: int, rng: np.random.Generator, fixed_alpha: float | None
+) -> dict:
     """The crossover entry of one variant (see scaling_analysis)."""
     out: dict = {"n": None, "ci": None, "note": "", "failed_draws": None}
     both = f[f["variant"].isin([variant, reference]) & np.isfinite(f["n_params"])]
@@ -219,8 +227,9 @@ def _crossover(f: pd.DataFrame, variant: str, reference: str, objs: dict, n_boot
     out["n"] = crossover_scale(ref_fit, var_fit, n_min, n_max * CROSSOVER_SPAN)
     if out["n"] is None:
         out["note"] = f"the fits do not cross up to {CROSSOVER_SPAN:g}x the largest measured N ({n_max * CROSSOVER_SPAN:.3g})"
-    draws, failed, note = _boot_crossovers(both, variant, reference, (ref_fit, var_fit), n_boot, rng, fixed_alpha,
-                                           (n_min, n_max * CROSSOVER_SPAN))
+    draws, failed, note = _boot_crossovers(
+        both, variant, reference, (ref_fit, var_fit), n_boot, rng, fixed_alpha, (n_min, n_max * CROSSOVER_SPAN)
+    )
     out["failed_draws"] = failed
     if note:
         out["note"] = "; ".join(filter(None, [out["note"], note]))
@@ -230,8 +239,16 @@ def _crossover(f: pd.DataFrame, variant: str, reference: str, objs: dict, n_boot
     return out
 
 
-def _boot_crossovers(both: pd.DataFrame, variant: str, reference: str, fits: tuple[PowerLawFit, PowerLawFit], n_boot: int,
-                     rng: np.random.Generator, fixed_alpha: float | None, span: tuple[float, float]) -> tuple[np.ndarray, float | None, str]:
+def _boot_crossovers(
+    both: pd.DataFrame,
+    variant: str,
+    reference: str,
+    fits: tuple[PowerLawFit, PowerLawFit],
+    n_boot: int,
+    rng: np.random.Generator,
+    fixed_alpha: float | None,
+    span: tuple[float, float],
+) -> tuple[np.ndarray, float | None, str]:
     """Crossover of n_boot seed resamples (inf where the refits do not cross within span).
 
     Returns (crossovers of the draws whose two refits are accepted, fraction refused, note).

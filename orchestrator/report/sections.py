@@ -55,15 +55,26 @@ def _pm(m, sd, spec):
 
 def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
     """The report's content in reading order; figures not drawn are dropped from it."""
-    out = [intro(summary), final_ppl(summary, tables), unigram_baseline(summary, tables), paired(summary, tables), paper(),
-           token_ratio(summary, tables)]
+    out = [
+        intro(summary),
+        final_ppl(summary, tables),
+        unigram_baseline(summary, tables),
+        paired(summary, tables),
+        paper(),
+        token_ratio(summary, tables),
+    ]
     if "accuracy" in tables:
         out.append(accuracy(tables))
     if tuning.TABLE in tables:  # a study with tune: (orchestrator.report.tuning)
-        out.append(Section("Learning-rate tuning", tuning.section_text(tables[tuning.TABLE]),
-                           tuning.display(tables[tuning.TABLE])))
-    out += [scaling(summary), stability(tables), cost(summary, tables), time_spent(summary, tables), problems(summary, tables),
-            missing_inputs(summary)]
+        out.append(Section("Learning-rate tuning", tuning.section_text(tables[tuning.TABLE]), tuning.display(tables[tuning.TABLE])))
+    out += [
+        scaling(summary),
+        stability(tables),
+        cost(summary, tables),
+        time_spent(summary, tables),
+        problems(summary, tables),
+        missing_inputs(summary),
+    ]
     figs = set(summary.get("figures", []))
     for s in out:
         s.figures = [f for f in s.figures if f in figs]
@@ -81,30 +92,44 @@ def intro(summary: dict) -> Section:
     if not runs["finished"]:
         text.append("There is no finished run to compare: every run failed or is incomplete (listed at the end).")
     if summary.get("gaps"):
-        text.append(f"The store lacks some inputs ({len(summary['gaps'])} listed under \"Missing inputs\" at the end); "
-                    "everything below is what the rest supports.")
+        text.append(
+            f'The store lacks some inputs ({len(summary["gaps"])} listed under "Missing inputs" at the end); '
+            "everything below is what the rest supports."
+        )
     return Section(f"qkstudy report: {summary['study']}", text)
 
 
 def final_ppl(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
     ft, ref = tables["final_ppl"], summary["reference"]
-    text = [f"N counts non-embedding parameters and tokens are the planned training tokens ({CONVENTIONS}). `vs reference` "
-            f"is the change of the seed-mean perplexity against `{ref}` at the same scale; `paired vs reference` is the "
-            "geometric-mean change over seeds paired with the reference's run of the same seed, with its 95% t interval "
-            "(next section). Paper numbers (arXiv 2604.01683, WikiText-103) appear where the scale name matches one of the "
-            "paper's sizes; other corpora and sizes are not comparable in absolute terms."]
-    table = pd.DataFrame({
-        "scale": ft["scale"], "variant": ft["variant"], "N (non-emb.)": ft["n_params"].map(_int),
-        "N total": ft["n_params_total"].map(_int), "tokens": ft["tokens"].map(_int),
-        "val ppl": [f"{fmt(m, '.3f')} ± {fmt(s, '.3f')} (n={n})" for m, s, n in zip(ft["mean_ppl"], ft["std"], ft["n_seeds"])],
-        "vs reference": ft["change_vs_reference_pct"].map(_pct),
-        "paired vs reference": [_ci(m, lo, hi, "+.1f", "%") for m, lo, hi in
-                                zip(ft["paired_change_pct"], ft["paired_change_low"], ft["paired_change_high"])],
-        "paper ppl": ft["paper_ppl"].map(lambda v: v if isinstance(v, str) else "—"),
-        "paper vs reference": ft["paper_change_pct"].map(_pct),
-    })
-    return Section("Final validation perplexity (planned runs, mean over seeds)", text, table,
-                   ["ppl_vs_tokens.png", "ppl_vs_flops.png", "ppl_vs_wallclock.png"])
+    text = [
+        f"N counts non-embedding parameters and tokens are the planned training tokens ({CONVENTIONS}). `vs reference` "
+        f"is the change of the seed-mean perplexity against `{ref}` at the same scale; `paired vs reference` is the "
+        "geometric-mean change over seeds paired with the reference's run of the same seed, with its 95% t interval "
+        "(next section). Paper numbers (arXiv 2604.01683, WikiText-103) appear where the scale name matches one of the "
+        "paper's sizes; other corpora and sizes are not comparable in absolute terms."
+    ]
+    table = pd.DataFrame(
+        {
+            "scale": ft["scale"],
+            "variant": ft["variant"],
+            "N (non-emb.)": ft["n_params"].map(_int),
+            "N total": ft["n_params_total"].map(_int),
+            "tokens": ft["tokens"].map(_int),
+            "val ppl": [f"{fmt(m, '.3f')} ± {fmt(s, '.3f')} (n={n})" for m, s, n in zip(ft["mean_ppl"], ft["std"], ft["n_seeds"])],
+            "vs reference": ft["change_vs_reference_pct"].map(_pct),
+            "paired vs reference": [
+                _ci(m, lo, hi, "+.1f", "%") for m, lo, hi in zip(ft["paired_change_pct"], ft["paired_change_low"], ft["paired_change_high"])
+            ],
+            "paper ppl": ft["paper_ppl"].map(lambda v: v if isinstance(v, str) else "—"),
+            "paper vs reference": ft["paper_change_pct"].map(_pct),
+        }
+    )
+    return Section(
+        "Final validation perplexity (planned runs, mean over seeds)",
+        text,
+        table,
+        ["ppl_vs_tokens.png", "ppl_vs_flops.png", "ppl_vs_wallclock.png"],
+    )
 
 
 def unigram_baseline(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
@@ -115,37 +140,56 @@ def unigram_baseline(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
 
 def paired(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
     pt, ref = tables["paired"], summary["reference"]
-    text = [f"Runs of one seed share the data order and the initial weights of every shared parameter, so each "
-            f"variant is compared with `{ref}`'s run of the same seed: Δ = variant − reference final loss (nats/token, "
-            "= ln perplexity) per seed; mean, 95% paired t interval, two-sided p-value, the smallest |Δ| these seeds "
-            "detect with 80% power and the seed pairs that would detect the observed Δ with 80% power (noncentral t; "
-            "post hoc, so a resolution, not evidence). Beside it the unpaired difference of seed means with Welch's 95% "
-            "interval. `better`/`worse`: the paired interval excludes 0."]
+    text = [
+        f"Runs of one seed share the data order and the initial weights of every shared parameter, so each "
+        f"variant is compared with `{ref}`'s run of the same seed: Δ = variant − reference final loss (nats/token, "
+        "= ln perplexity) per seed; mean, 95% paired t interval, two-sided p-value, the smallest |Δ| these seeds "
+        "detect with 80% power and the seed pairs that would detect the observed Δ with 80% power (noncentral t; "
+        "post hoc, so a resolution, not evidence). Beside it the unpaired difference of seed means with Welch's 95% "
+        "interval. `better`/`worse`: the paired interval excludes 0."
+    ]
     if not len(pt):
         return Section("Seed-paired differences", [*text, "None: no non-reference variant with a finished run."])
-    table = pd.DataFrame({
-        "scale": pt["scale"], "variant": pt["variant"], "seed pairs": pt["n_pairs"],
-        "paired Δ loss (nats)": [_ci(m, lo, hi, "+.3f") for m, lo, hi in zip(pt["paired_dloss"], pt["paired_low"], pt["paired_high"])],
-        "p": pt["p_value"].map(lambda p: fmt(p, ".3f")), "detectable |Δ|": pt["detectable"].map(lambda d: fmt(d, ".3f")),
-        "seeds to detect Δ": pt["seeds_needed"].map(lambda n: "—" if n is None or pd.isna(n) else _int(n)),
-        "unpaired Δ loss (nats)": [_ci(m, lo, hi, "+.3f") for m, lo, hi in
-                                   zip(pt["unpaired_dloss"], pt["unpaired_low"], pt["unpaired_high"])],
-        "verdict": pt["verdict"].map(lambda v: v if isinstance(v, str) else "—"), "note": pt["note"].fillna(""),
-    })
+    table = pd.DataFrame(
+        {
+            "scale": pt["scale"],
+            "variant": pt["variant"],
+            "seed pairs": pt["n_pairs"],
+            "paired Δ loss (nats)": [_ci(m, lo, hi, "+.3f") for m, lo, hi in zip(pt["paired_dloss"], pt["paired_low"], pt["paired_high"])],
+            "p": pt["p_value"].map(lambda p: fmt(p, ".3f")),
+            "detectable |Δ|": pt["detectable"].map(lambda d: fmt(d, ".3f")),
+            "seeds to detect Δ": pt["seeds_needed"].map(lambda n: "—" if n is None or pd.isna(n) else _int(n)),
+            "unpaired Δ loss (nats)": [
+                _ci(m, lo, hi, "+.3f") for m, lo, hi in zip(pt["unpaired_dloss"], pt["unpaired_low"], pt["unpaired_high"])
+            ],
+            "verdict": pt["verdict"].map(lambda v: v if isinstance(v, str) else "—"),
+            "note": pt["note"].fillna(""),
+        }
+    )
     return Section("Seed-paired differences", text, table)
 
 
 def paper() -> Section:
-    table = pd.DataFrame([{"scale": s, "variant": v, "WikiText-103 ppl": f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"}
-                          for s, d in PAPER_PPL.items() for v, (lo, hi) in d.items()])
-    return Section("Paper reference numbers",
-                   [f"Compute-matched, the paper's standard model needs {PAPER_TOKEN_RATIO}x the tokens to match coupled."], table)
+    table = pd.DataFrame(
+        [
+            {"scale": s, "variant": v, "WikiText-103 ppl": f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"}
+            for s, d in PAPER_PPL.items()
+            for v, (lo, hi) in d.items()
+        ]
+    )
+    return Section(
+        "Paper reference numbers",
+        [f"Compute-matched, the paper's standard model needs {PAPER_TOKEN_RATIO}x the tokens to match coupled."],
+        table,
+    )
 
 
 def _coverage_text() -> str:
     inside = [v for (_, _, truth), v in COVERAGE.items() if truth <= 3.0]
-    return (f" Its measured coverage on synthetic studies with a known ratio inside the extend range (3 and 5 seeds, seed "
-            f"noise 0.03 to 0.1 nats): {min(inside):.1%} to {max(inside):.1%} (tests/orchestrator/report/test_coverage.py).")
+    return (
+        f" Its measured coverage on synthetic studies with a known ratio inside the extend range (3 and 5 seeds, seed "
+        f"noise 0.03 to 0.1 nats): {min(inside):.1%} to {max(inside):.1%} (tests/orchestrator/report/test_coverage.py)."
+    )
 
 
 def token_ratio(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
@@ -165,11 +209,23 @@ def token_ratio(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
         f"Paper: {PAPER_TOKEN_RATIO}x."
     ]
     if not len(rt):  # one variant only: the method text stays, the empty table goes
-        return Section("Token ratio at equal perplexity", [f"The study has only `{ref}`: no non-reference variant: no token ratio.",
-                                                           *text], None, ["token_ratio.png"])
-    cols = {"token_ratio": "token ratio", "interval_95": "95% interval", "interval_method": "interval method",
-            "single_run_estimate": "single-run curve estimate", "single_run_flag": "curve vs extend", "flop_ratio": "FLOP ratio",
-            "wall_ratio": "wall-clock ratio", "reference_extends": "reference runs", "note": "note"}
+        return Section(
+            "Token ratio at equal perplexity",
+            [f"The study has only `{ref}`: no non-reference variant: no token ratio.", *text],
+            None,
+            ["token_ratio.png"],
+        )
+    cols = {
+        "token_ratio": "token ratio",
+        "interval_95": "95% interval",
+        "interval_method": "interval method",
+        "single_run_estimate": "single-run curve estimate",
+        "single_run_flag": "curve vs extend",
+        "flop_ratio": "FLOP ratio",
+        "wall_ratio": "wall-clock ratio",
+        "reference_extends": "reference runs",
+        "note": "note",
+    }
     table = rt[["scale", "variant", *cols]].rename(columns=cols)
     table["curve vs extend"] = table["curve vs extend"].fillna("").map(lambda f: f"disagrees: {f}" if f else "agrees")
     return Section("Token ratio at equal perplexity", text, table, ["token_ratio.png"])
@@ -177,11 +233,23 @@ def token_ratio(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
 
 def accuracy(tables: dict[str, pd.DataFrame]) -> Section:
     at = tables["accuracy"]
-    table = pd.DataFrame({"scale": at["scale"], "variant": at["variant"],
-                          "accuracy": [_pm(m, s, ".3f") for m, s in zip(at["mean"], at["std"])], "seeds": at["n_seeds"]})
-    return Section("MQAR accuracy", ["Final `final/val_accuracy` of the planned runs: the fraction of labelled (query) positions "
-                                     "whose argmax prediction is the target, mean ± std over seeds (the paper: perfect on "
-                                     "easy and medium settings)."], table)
+    table = pd.DataFrame(
+        {
+            "scale": at["scale"],
+            "variant": at["variant"],
+            "accuracy": [_pm(m, s, ".3f") for m, s in zip(at["mean"], at["std"])],
+            "seeds": at["n_seeds"],
+        }
+    )
+    return Section(
+        "MQAR accuracy",
+        [
+            "Final `final/val_accuracy` of the planned runs: the fraction of labelled (query) positions "
+            "whose argmax prediction is the target, mean ± std over seeds (the paper: perfect on "
+            "easy and medium settings)."
+        ],
+        table,
+    )
 
 
 def scaling(summary: dict) -> Section:
@@ -190,15 +258,28 @@ def scaling(summary: dict) -> Section:
     for v, d in sc["fits"].items():
         for axis, label in (("N", "N (non-emb.)"), ("flops", "training FLOPs")):
             f, why = d[axis]["fit"], d[axis]["reason"]
-            rows.append({"variant": v, "x": label, "scales": d["n_scales"], "fit": "refused: " + why if why else "fitted",
-                         "E (nats)": fmt(f and f["E"], ".4f"), "A": fmt(f and f["A"], ".4g"), "alpha": fmt(f and f["alpha"], ".3f"),
-                         "x0": fmt(f and f["x0"], ".3g"), "rmse (nats)": fmt(f and f["rmse"], ".2g")})
+            rows.append(
+                {
+                    "variant": v,
+                    "x": label,
+                    "scales": d["n_scales"],
+                    "fit": "refused: " + why if why else "fitted",
+                    "E (nats)": fmt(f and f["E"], ".4f"),
+                    "A": fmt(f and f["A"], ".4g"),
+                    "alpha": fmt(f and f["alpha"], ".3f"),
+                    "x0": fmt(f and f["x0"], ".3g"),
+                    "rmse (nats)": fmt(f and f["rmse"], ".2g"),
+                }
+            )
     fixed = f" with the exponent fixed at alpha = {sc['fixed_alpha']:g} (not fitted)" if sc.get("fixed_alpha") is not None else ""
-    text = [f"L = E + A (x/x0)^-alpha fitted to final val loss (nats/token, = ln perplexity){fixed}, x0 the geometric mean of "
-            "x. A fit needs more distinct scales than the law has parameters and a seed-mean loss that falls with x from every "
-            "scale to the next; a fit on a parameter bound is refused too. Refused fits are not drawn. Crossover: the N where "
-            f"a variant's perplexity advantage over `{ref}` reaches zero, from two accepted fits, with a 95% bootstrap "
-            "interval over seeds (paired where the seeds match):", *_crossover_lines(sc["crossover"])]
+    text = [
+        f"L = E + A (x/x0)^-alpha fitted to final val loss (nats/token, = ln perplexity){fixed}, x0 the geometric mean of "
+        "x. A fit needs more distinct scales than the law has parameters and a seed-mean loss that falls with x from every "
+        "scale to the next; a fit on a parameter bound is refused too. Refused fits are not drawn. Crossover: the N where "
+        f"a variant's perplexity advantage over `{ref}` reaches zero, from two accepted fits, with a 95% bootstrap "
+        "interval over seeds (paired where the seeds match):",
+        *_crossover_lines(sc["crossover"]),
+    ]
     return Section("Scaling", text, pd.DataFrame(rows), ["scaling.png"])
 
 
@@ -218,11 +299,25 @@ def _crossover_lines(cross: dict) -> list[str]:
 
 def stability(tables: dict[str, pd.DataFrame]) -> Section:
     ss = tables["seed_std"]
-    table = pd.DataFrame({"scale": ss["scale"], "variant": ss["variant"], "mean ppl": ss["mean"].map(lambda v: fmt(v, ".3f")),
-                          "seed std": ss["std"].map(lambda v: fmt(v, ".3f", "— (one seed)")), "seeds": ss["n_seeds"]})
-    return Section("Stability over seeds",
-                   ["Seed standard deviation of final perplexity; paper: " + ", ".join(f"{k} {v}" for k, v in PAPER_SEED_STD.items())
-                    + ". One seed gives no std."], table, ["seed_std.png", "attention.png"])
+    table = pd.DataFrame(
+        {
+            "scale": ss["scale"],
+            "variant": ss["variant"],
+            "mean ppl": ss["mean"].map(lambda v: fmt(v, ".3f")),
+            "seed std": ss["std"].map(lambda v: fmt(v, ".3f", "— (one seed)")),
+            "seeds": ss["n_seeds"],
+        }
+    )
+    return Section(
+        "Stability over seeds",
+        [
+            "Seed standard deviation of final perplexity; paper: "
+            + ", ".join(f"{k} {v}" for k, v in PAPER_SEED_STD.items())
+            + ". One seed gives no std."
+        ],
+        table,
+        ["seed_std.png", "attention.png"],
+    )
 
 
 def cost(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
@@ -230,19 +325,25 @@ def cost(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
     rows = []
     for r in ct.itertuples():
         a = at.loc[(r.scale, r.variant)] if (r.scale, r.variant) in at.index else None
-        rows.append({
-            "scale": r.scale, "variant": r.variant, "train wall-clock (s)": fmt(r.wall_s, ".1f"),
-            "wall-clock vs reference": _pm(r.wall_ratio, r.wall_ratio_std, ".3f"),
-            "time/token vs reference": _pm(r.time_per_token_ratio, r.time_per_token_ratio_std, ".3f"),
-            "effective rank": "—" if a is None else _pm(a["effective_rank"], a["effective_rank_std"], ".2f"),
-            "attention entropy (nats)": "—" if a is None else _pm(a["entropy"], a["entropy_std"], ".3f"),
-            "seeds": int(r.n_pairs),
-        })
-    text = [f"Per planned (x1) run, paired by seed with `{summary['reference']}`'s run of the same scale: training wall-clock "
-            "(seconds of optimizer steps, evals excluded) and its ratio, seconds per token and its ratio (mean ± std over "
-            "seeds); in a FLOP-matched study the wall-clock ratio is at equal FLOPs. Effective rank and entropy of the "
-            "attention maps at the last eval (model.diagnostics; mean over layers and heads); the paper finds coupling "
-            "raises the effective rank."]
+        rows.append(
+            {
+                "scale": r.scale,
+                "variant": r.variant,
+                "train wall-clock (s)": fmt(r.wall_s, ".1f"),
+                "wall-clock vs reference": _pm(r.wall_ratio, r.wall_ratio_std, ".3f"),
+                "time/token vs reference": _pm(r.time_per_token_ratio, r.time_per_token_ratio_std, ".3f"),
+                "effective rank": "—" if a is None else _pm(a["effective_rank"], a["effective_rank_std"], ".2f"),
+                "attention entropy (nats)": "—" if a is None else _pm(a["entropy"], a["entropy_std"], ".3f"),
+                "seeds": int(r.n_pairs),
+            }
+        )
+    text = [
+        f"Per planned (x1) run, paired by seed with `{summary['reference']}`'s run of the same scale: training wall-clock "
+        "(seconds of optimizer steps, evals excluded) and its ratio, seconds per token and its ratio (mean ± std over "
+        "seeds); in a FLOP-matched study the wall-clock ratio is at equal FLOPs. Effective rank and entropy of the "
+        "attention maps at the last eval (model.diagnostics; mean over layers and heads); the paper finds coupling "
+        "raises the effective rank."
+    ]
     return Section("Cost and attention at the planned budget", text, pd.DataFrame(rows) if rows else None)
 
 
@@ -254,7 +355,9 @@ def time_spent(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
 
 def problems(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
     issues = tables["issues"]
-    text = f"Missing runs are judged against the {summary['runs']['expected_from']}." if len(issues) else "None: every expected run finished."
+    text = (
+        f"Missing runs are judged against the {summary['runs']['expected_from']}." if len(issues) else "None: every expected run finished."
+    )
     return Section("Failed, incomplete and missing runs", [text], issues if len(issues) else None)
 
 

@@ -12,19 +12,50 @@ import pandas as pd
 
 from orchestrator.report.paper import paper_ppl
 
-FINAL_COLUMNS = ["scale", "variant", "n_params", "n_params_total", "tokens", "mean_ppl", "std", "n_seeds",
-                 "change_vs_reference_pct", "paired_change_pct", "paired_change_low", "paired_change_high",
-                 "paper_ppl", "paper_change_pct"]
-RATIO_COLUMNS = ["scale", "variant", "token_ratio", "interval_95", "single_run_estimate", "single_run_flag", "flop_ratio",
-                 "wall_ratio", "value", "censored", "ci_low", "ci_high", "interval_method", "target_ppl", "target_tokens",
-                 "reference_extends", "note"]
+FINAL_COLUMNS = [
+    "scale",
+    "variant",
+    "n_params",
+    "n_params_total",
+    "tokens",
+    "mean_ppl",
+    "std",
+    "n_seeds",
+    "change_vs_reference_pct",
+    "paired_change_pct",
+    "paired_change_low",
+    "paired_change_high",
+    "paper_ppl",
+    "paper_change_pct",
+]
+RATIO_COLUMNS = [
+    "scale",
+    "variant",
+    "token_ratio",
+    "interval_95",
+    "single_run_estimate",
+    "single_run_flag",
+    "flop_ratio",
+    "wall_ratio",
+    "value",
+    "censored",
+    "ci_low",
+    "ci_high",
+    "interval_method",
+    "target_ppl",
+    "target_tokens",
+    "reference_extends",
+    "note",
+]
 ISSUE_COLUMNS = ["problem", "run_name", "variant", "scale", "seed", "extend", "detail"]
 
 
 def in_order(df: pd.DataFrame, scales: list[str], variants: list[str]) -> pd.DataFrame:
     """Rows sorted by scale (by N) then variant (reference first), as every other table."""
     key = {(s, v): (i, j) for i, s in enumerate(scales) for j, v in enumerate(variants)}
-    return df.iloc[sorted(range(len(df)), key=lambda i: key.get((df["scale"].iat[i], df["variant"].iat[i]), (1e9, 1e9)))].reset_index(drop=True)
+    return df.iloc[sorted(range(len(df)), key=lambda i: key.get((df["scale"].iat[i], df["variant"].iat[i]), (1e9, 1e9)))].reset_index(
+        drop=True
+    )
 
 
 def final_table(finals: pd.DataFrame, scales: list[str], variants: list[str], reference: str, paired: pd.DataFrame) -> pd.DataFrame:
@@ -32,9 +63,14 @@ def final_table(finals: pd.DataFrame, scales: list[str], variants: list[str], re
     seed mean vs the reference, the seed-paired change with its interval (verdict.py, in
     percent of perplexity), and the paper's numbers beside."""
     f = finals[(finals["extend"] == 1.0) & finals["complete"]]
-    g = f.groupby(["scale", "variant"]).agg(n_params=("n_params", "median"), n_params_total=("n_params_total", "median"),
-                                            tokens=("tokens", "mean"), mean_ppl=("final_ppl", "mean"), std=("final_ppl", "std"),
-                                            n_seeds=("final_ppl", "size"))
+    g = f.groupby(["scale", "variant"]).agg(
+        n_params=("n_params", "median"),
+        n_params_total=("n_params_total", "median"),
+        tokens=("tokens", "mean"),
+        mean_ppl=("final_ppl", "mean"),
+        std=("final_ppl", "std"),
+        n_seeds=("final_ppl", "size"),
+    )
     pair = paired.set_index(["scale", "variant"]) if len(paired) else None
     rows = []
     for s in scales:
@@ -45,31 +81,54 @@ def final_table(finals: pd.DataFrame, scales: list[str], variants: list[str], re
                 continue
             r, p = g.loc[(s, v)], paper_ppl(s, v)
             pr = pair.loc[(s, v)] if pair is not None and (s, v) in pair.index else None
-            rows.append({
-                "scale": s, "variant": v, "n_params": r["n_params"], "n_params_total": r["n_params_total"], "tokens": r["tokens"],
-                "mean_ppl": r["mean_ppl"], "std": r["std"], "n_seeds": int(r["n_seeds"]),
-                "change_vs_reference_pct": 100.0 * (r["mean_ppl"] / ref - 1.0) if np.isfinite(ref) else np.nan,
-                "paired_change_pct": np.nan if pr is None else pr["paired_ppl_pct"],
-                "paired_change_low": np.nan if pr is None else pr["paired_ppl_pct_low"],
-                "paired_change_high": np.nan if pr is None else pr["paired_ppl_pct_high"],
-                "paper_ppl": None if p is None else (f"{p[0]:g}" if p[0] == p[1] else f"{p[0]:g}-{p[1]:g}"),
-                "paper_change_pct": None if (p is None or pref is None) else 100.0 * (sum(p) / sum(pref) - 1.0),
-            })
+            rows.append(
+                {
+                    "scale": s,
+                    "variant": v,
+                    "n_params": r["n_params"],
+                    "n_params_total": r["n_params_total"],
+                    "tokens": r["tokens"],
+                    "mean_ppl": r["mean_ppl"],
+                    "std": r["std"],
+                    "n_seeds": int(r["n_seeds"]),
+                    "change_vs_reference_pct": 100.0 * (r["mean_ppl"] / ref - 1.0) if np.isfinite(ref) else np.nan,
+                    "paired_change_pct": np.nan if pr is None else pr["paired_ppl_pct"],
+                    "paired_change_low": np.nan if pr is None else pr["paired_ppl_pct_low"],
+                    "paired_change_high": np.nan if pr is None else pr["paired_ppl_pct_high"],
+                    "paper_ppl": None if p is None else (f"{p[0]:g}" if p[0] == p[1] else f"{p[0]:g}-{p[1]:g}"),
+                    "paper_change_pct": None if (p is None or pref is None) else 100.0 * (sum(p) / sum(pref) - 1.0),
+                }
+            )
     return pd.DataFrame(rows, columns=FINAL_COLUMNS)
 
 
 def ratio_table(ratios: list[dict]) -> pd.DataFrame:
     """One row per (scale, variant) token ratio (ratio.RatioResult.to_dict entries)."""
-    return pd.DataFrame([{
-        "scale": r["scale"], "variant": r["variant"], "token_ratio": r["token_ratio"]["display"],
-        "interval_95": r["interval_display"], "single_run_estimate": r["single_run"]["display"],
-        "single_run_flag": r["single_run_flag"] or "", "flop_ratio": r["flop_ratio"]["display"],
-        "wall_ratio": r["wall_ratio"]["display"], "value": r["token_ratio"]["value"], "censored": r["token_ratio"]["censored"],
-        "ci_low": r["ci_low"], "ci_high": r["ci_high"], "interval_method": r["ci_method"] or "",
-        "target_ppl": r["target_ppl"], "target_tokens": r["target_tokens"],
-        "reference_extends": " ".join(f"x{e:g}" for e in r["ref_extends"]),
-        "note": r["token_ratio"]["reason"] or r["ci_note"] or "",
-    } for r in ratios], columns=RATIO_COLUMNS)
+    return pd.DataFrame(
+        [
+            {
+                "scale": r["scale"],
+                "variant": r["variant"],
+                "token_ratio": r["token_ratio"]["display"],
+                "interval_95": r["interval_display"],
+                "single_run_estimate": r["single_run"]["display"],
+                "single_run_flag": r["single_run_flag"] or "",
+                "flop_ratio": r["flop_ratio"]["display"],
+                "wall_ratio": r["wall_ratio"]["display"],
+                "value": r["token_ratio"]["value"],
+                "censored": r["token_ratio"]["censored"],
+                "ci_low": r["ci_low"],
+                "ci_high": r["ci_high"],
+                "interval_method": r["ci_method"] or "",
+                "target_ppl": r["target_ppl"],
+                "target_tokens": r["target_tokens"],
+                "reference_extends": " ".join(f"x{e:g}" for e in r["ref_extends"]),
+                "note": r["token_ratio"]["reason"] or r["ci_note"] or "",
+            }
+            for r in ratios
+        ],
+        columns=RATIO_COLUMNS,
+    )
 
 
 def run_status(finals: pd.DataFrame, expected) -> dict:
@@ -82,7 +141,8 @@ def run_status(finals: pd.DataFrame, expected) -> dict:
     failed = [_issue(r, "failed") for r in recs if r["status"] == "failed"]
     incomplete = [
         _issue(r, "incomplete") | {"detail": f"status {r['status']}" + ("" if r["status"] != "finished" else ", no final/val_ppl")}
-        for r in recs if r["status"] != "failed" and not r["complete"]
+        for r in recs
+        if r["status"] != "failed" and not r["complete"]
     ]
     expected_from = "inferred grid (variants x scales x seeds, reference extend levels)" if expected is None else "plan"
     present = {(r["variant"], r["scale"], None if pd.isna(r["seed"]) else int(r["seed"]), float(r["extend"])) for r in recs}
@@ -94,9 +154,15 @@ def run_status(finals: pd.DataFrame, expected) -> dict:
         {"problem": "missing", "run_name": "", "variant": v, "scale": s, "seed": sd, "extend": e, "detail": "planned but no MLflow run"}
         for v, s, sd, e in sorted(grid - present, key=lambda k: (k[1], k[0], k[3], k[2]))
     ]
-    return {"total": len(recs), "finished": int(finals["complete"].sum()), "failed": failed, "incomplete": incomplete,
-            "missing": missing, "expected_from": expected_from,
-            "table": pd.DataFrame(failed + incomplete + missing, columns=ISSUE_COLUMNS)}
+    return {
+        "total": len(recs),
+        "finished": int(finals["complete"].sum()),
+        "failed": failed,
+        "incomplete": incomplete,
+        "missing": missing,
+        "expected_from": expected_from,
+        "table": pd.DataFrame(failed + incomplete + missing, columns=ISSUE_COLUMNS),
+    }
 
 
 def _issue(r: dict, problem: str) -> dict:

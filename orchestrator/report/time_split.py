@@ -30,8 +30,13 @@ def time_split_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame 
     their summed seconds (``elapsed_s``, ``<section>_s``; ``other_s`` = elapsed minus the
     sections: logging and the loop) and ``outside_steps`` = 1 - step_s / elapsed_s (a
     fraction). ``runs``/``metrics``: ``query.StudyData``'s frames. None when no run logged one."""
-    last = (metrics[metrics["key"].isin(KEYS.values())].sort_values(["step", "timestamp"], kind="stable")
-            .groupby(["run_uuid", "key"])["value"].last().unstack())
+    last = (
+        metrics[metrics["key"].isin(KEYS.values())]
+        .sort_values(["step", "timestamp"], kind="stable")
+        .groupby(["run_uuid", "key"])["value"]
+        .last()
+        .unstack()
+    )
     if last.empty or KEYS["elapsed"] not in last:
         return None
     last = last.dropna(subset=[KEYS["elapsed"]]).reindex(columns=list(KEYS.values()), fill_value=0.0).fillna(0.0)
@@ -55,29 +60,48 @@ def summary_entry(table: pd.DataFrame | None, finished: int) -> dict[str, Any]:
     if table is None:
         return {"recorded": False, "finished": finished, "note": NOT_RECORDED}
     total = table[table["variant"] == "all"].iloc[0].to_dict()
-    return {"recorded": True, "finished": finished, **{k: total[k] for k in COLUMNS[1:]}, "goal": GOAL,
-            "meets_goal": bool(total["outside_steps"] <= GOAL)}
+    return {
+        "recorded": True,
+        "finished": finished,
+        **{k: total[k] for k in COLUMNS[1:]},
+        "goal": GOAL,
+        "meets_goal": bool(total["outside_steps"] <= GOAL),
+    }
 
 
 def section_text(entry: dict[str, Any]) -> list[str]:
     """The section's sentences: the share outside steps, its parts, and what is not counted."""
     if not entry["recorded"]:
-        why = ("no finished training run logged one (runs from before it existed; each finished run logs `time/*_s` "
-               "at its last step)" if entry.get("finished") else "no training run finished")
+        why = (
+            "no finished training run logged one (runs from before it existed; each finished run logs `time/*_s` at its last step)"
+            if entry.get("finished")
+            else "no training run finished"
+        )
         return [f"{NOT_RECORDED.capitalize()}: {why}."]
     e = entry["elapsed_s"]
-    parts = ", ".join(f"{name} {entry[f'{k}_s'] / e:.1%}" for k, name in
-                      (("startup", "start-up"), ("eval", "evaluation"), ("checkpoint", "checkpoints and final weights"),
-                       ("other", "logging and the loop")))
+    parts = ", ".join(
+        f"{name} {entry[f'{k}_s'] / e:.1%}"
+        for k, name in (
+            ("startup", "start-up"),
+            ("eval", "evaluation"),
+            ("checkpoint", "checkpoints and final weights"),
+            ("other", "logging and the loop"),
+        )
+    )
     verdict = "within" if entry["meets_goal"] else "over"
     plural = "s" if entry["finished"] != 1 else ""
-    runs = f"{entry['runs']} finished training run{plural}" if entry["runs"] == entry["finished"] else \
-        f"{entry['runs']} of {entry['finished']} finished training run{plural} (the others logged no split)"
-    return [f"{runs} spent {e:,.1f} seconds (rank 0's wall-clock), {1 - entry['outside_steps']:.1%} of "
-            f"them in optimizer steps: {entry['outside_steps']:.1%} outside steps ({parts}), {verdict} the "
-            f"{GOAL:.0%} goal.",
-            "Not counted: the driver's start-up (Ray, data preparation), each worker group's start, the gaps between "
-            "runs, tuning and failed runs, and what an attempt trained after its last checkpoint before it died."]
+    runs = (
+        f"{entry['runs']} finished training run{plural}"
+        if entry["runs"] == entry["finished"]
+        else f"{entry['runs']} of {entry['finished']} finished training run{plural} (the others logged no split)"
+    )
+    return [
+        f"{runs} spent {e:,.1f} seconds (rank 0's wall-clock), {1 - entry['outside_steps']:.1%} of "
+        f"them in optimizer steps: {entry['outside_steps']:.1%} outside steps ({parts}), {verdict} the "
+        f"{GOAL:.0%} goal.",
+        "Not counted: the driver's start-up (Ray, data preparation), each worker group's start, the gaps between "
+        "runs, tuning and failed runs, and what an attempt trained after its last checkpoint before it died.",
+    ]
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:
@@ -86,9 +110,17 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     for c in COLUMNS[2:-1]:
         out[c] = out[c].map(lambda x: f"{x:,.1f}")
     out["outside_steps"] = table["outside_steps"].map(lambda x: "—" if pd.isna(x) else f"{x:.1%}")
-    return out.rename(columns={"elapsed_s": "elapsed (s)", "startup_s": "start-up (s)", "step_s": "steps (s)",
-                               "eval_s": "eval (s)", "checkpoint_s": "checkpoint (s)", "other_s": "other (s)",
-                               "outside_steps": "outside steps"})
+    return out.rename(
+        columns={
+            "elapsed_s": "elapsed (s)",
+            "startup_s": "start-up (s)",
+            "step_s": "steps (s)",
+            "eval_s": "eval (s)",
+            "checkpoint_s": "checkpoint (s)",
+            "other_s": "other (s)",
+            "outside_steps": "outside steps",
+        }
+    )
 
 
 def attach(summary: dict, tabs: dict[str, pd.DataFrame], runs: pd.DataFrame, metrics: pd.DataFrame) -> None:

@@ -26,8 +26,16 @@ def tuning_results(tracking_uri: str, experiment_id: str) -> list[TuningResult]:
     out = []
     for rec in find_train_runs(client, experiment_id, KIND).values():
         t, p = rec.data.tags, rec.data.params
-        out.append(TuningResult(t.get("variant", ""), t.get("scale", ""), float(p["lr"]), int(t.get("seed", 0)),
-                                rec.data.metrics.get("final/val_loss"), run_status(rec)))
+        out.append(
+            TuningResult(
+                t.get("variant", ""),
+                t.get("scale", ""),
+                float(p["lr"]),
+                int(t.get("seed", 0)),
+                rec.data.metrics.get("final/val_loss"),
+                run_status(rec),
+            )
+        )
     return out
 
 
@@ -58,13 +66,17 @@ def tuning_tables(tracking_uri: str, experiment_id: str) -> dict[str, pd.DataFra
 def section_text(table: pd.DataFrame) -> list[str]:
     """The section's sentences: what the numbers are, and every arm whose best LR is at an
     end of the grid."""
-    text = ["Final `final/val_loss` (nats/token) of the short tuning runs, mean over tuning seeds, per peak "
-            "learning rate; each (variant, scale) trained its main runs at `chosen_lr`, the grid's argmin "
-            "(inf: a seed failed or diverged)."]
+    text = [
+        "Final `final/val_loss` (nats/token) of the short tuning runs, mean over tuning seeds, per peak "
+        "learning rate; each (variant, scale) trained its main runs at `chosen_lr`, the grid's argmin "
+        "(inf: a seed failed or diverged)."
+    ]
     for _, r in table.iterrows():
         if r["edge"] in ("lowest", "highest"):
-            text.append(f"`{r['variant']}` @ {r['scale']}: the best LR {r['chosen_lr']:g} is the {r['edge']} of the grid; "
-                        "the optimum may lie outside it (widen the grid).")
+            text.append(
+                f"`{r['variant']}` @ {r['scale']}: the best LR {r['chosen_lr']:g} is the {r['edge']} of the grid; "
+                "the optimum may lie outside it (widen the grid)."
+            )
         if r["missing"]:
             text.append(f"`{r['variant']}` @ {r['scale']}: {r['missing']} tuning run(s) without a result.")
     return text
@@ -72,9 +84,9 @@ def section_text(table: pd.DataFrame) -> list[str]:
 
 def display(table: pd.DataFrame) -> pd.DataFrame:
     """The table as the report prints it (losses to 4 decimals, '—' for no result)."""
+
     def f(x: object) -> str:
-        return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, ".4f") \
-            if isinstance(x, float) else str(x)
+        return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, ".4f") if isinstance(x, float) else str(x)
 
     out = table.drop(columns=["missing"]).copy()
     for col in [c for c in out.columns if c.startswith("lr ")]:

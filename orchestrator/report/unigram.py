@@ -20,8 +20,7 @@ from orchestrator.track.tracking import client_for, unigram_from_tags
 
 TABLE = "unigram"
 NOT_RECORDED = "unigram perplexity not recorded"
-COLUMNS = ["scale", "variant", "final_ppl", "worst_seed_ppl", "unigram_ppl", "ppl_over_unigram",
-           "worst_seed_over_unigram", "n_seeds"]
+COLUMNS = ["scale", "variant", "final_ppl", "worst_seed_ppl", "unigram_ppl", "ppl_over_unigram", "worst_seed_over_unigram", "n_seeds"]
 
 
 def recorded(tracking_uri: str, experiment_id: str, corpus: str | None) -> dict[str, Any] | None:
@@ -43,9 +42,18 @@ def unigram_table(final: pd.DataFrame, runs: pd.DataFrame, unigram_ppl: float) -
     rows = []
     for r in final.itertuples():
         w = worst.get((r.scale, r.variant), np.nan)
-        rows.append({"scale": r.scale, "variant": r.variant, "final_ppl": r.mean_ppl, "worst_seed_ppl": w,
-                     "unigram_ppl": unigram_ppl, "ppl_over_unigram": r.mean_ppl / unigram_ppl,
-                     "worst_seed_over_unigram": w / unigram_ppl, "n_seeds": int(r.n_seeds)})
+        rows.append(
+            {
+                "scale": r.scale,
+                "variant": r.variant,
+                "final_ppl": r.mean_ppl,
+                "worst_seed_ppl": w,
+                "unigram_ppl": unigram_ppl,
+                "ppl_over_unigram": r.mean_ppl / unigram_ppl,
+                "worst_seed_over_unigram": w / unigram_ppl,
+                "n_seeds": int(r.n_seeds),
+            }
+        )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -57,41 +65,60 @@ def summary_entry(corpus: str | None, stat: dict[str, Any] | None, table: pd.Dat
         return {"recorded": False, "corpus": corpus, "note": NOT_RECORDED}
     rows = table[["scale", "variant", "final_ppl", "ppl_over_unigram", "worst_seed_over_unigram"]].to_dict(orient="records")
     ratios = table["ppl_over_unigram"].dropna()
-    return {"recorded": True, "corpus": corpus, "val_ppl": stat["val_ppl"], "val_tokens": stat["val_tokens"],
-            "ratios": rows, "all_at_most_half": bool(len(ratios)) and bool((ratios <= 0.5).all())}
+    return {
+        "recorded": True,
+        "corpus": corpus,
+        "val_ppl": stat["val_ppl"],
+        "val_tokens": stat["val_tokens"],
+        "ratios": rows,
+        "all_at_most_half": bool(len(ratios)) and bool((ratios <= 0.5).all()),
+    }
 
 
 def section_text(entry: dict[str, Any]) -> list[str]:
     """The section's sentences: the baseline, how it is computed, and the arms above half of it."""
     if not entry["recorded"]:
         which = "this study (its runs carry no corpus tag)" if entry["corpus"] is None else f"corpus `{entry['corpus']}`"
-        return [f"{NOT_RECORDED.capitalize()} for {which} (the store predates it, or the driver "
-                "could not find the prepared data): run the study again (`qkstudy run`; finished runs are not "
-                "retrained) to record it."]
+        return [
+            f"{NOT_RECORDED.capitalize()} for {which} (the store predates it, or the driver "
+            "could not find the prepared data): run the study again (`qkstudy run`; finished runs are not "
+            "retrained) to record it."
+        ]
     n = entry["val_tokens"]
-    text = [f"Unigram perplexity of corpus `{entry['corpus']}`: {entry['val_ppl']:.2f}, on its whole validation split "
-            f"({'?' if n is None else format(n, ',')} tokens) under its tokenizer, from a unigram model of the train "
-            "split's token counts with add-one smoothing over the vocabulary (data_pipeline.unigram). The finals are on "
-            "the runs' fixed eval windows of the same split. `final / unigram` below 0.5: the model beats token "
-            "frequencies alone by at least 2x."]
-    above = [f"`{r['variant']}` @ {r['scale']} ({r['ppl_over_unigram']:.3f})" for r in entry["ratios"]
-             if not r["ppl_over_unigram"] <= 0.5]
-    text.append("Every arm's seed-mean final perplexity is at most half of it." if entry["all_at_most_half"] else
-                "Above half of it: " + (", ".join(above) if above else "no finished arm") + ".")
+    text = [
+        f"Unigram perplexity of corpus `{entry['corpus']}`: {entry['val_ppl']:.2f}, on its whole validation split "
+        f"({'?' if n is None else format(n, ',')} tokens) under its tokenizer, from a unigram model of the train "
+        "split's token counts with add-one smoothing over the vocabulary (data_pipeline.unigram). The finals are on "
+        "the runs' fixed eval windows of the same split. `final / unigram` below 0.5: the model beats token "
+        "frequencies alone by at least 2x."
+    ]
+    above = [f"`{r['variant']}` @ {r['scale']} ({r['ppl_over_unigram']:.3f})" for r in entry["ratios"] if not r["ppl_over_unigram"] <= 0.5]
+    text.append(
+        "Every arm's seed-mean final perplexity is at most half of it."
+        if entry["all_at_most_half"]
+        else "Above half of it: " + (", ".join(above) if above else "no finished arm") + "."
+    )
     return text
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:
     """The table as the report prints it."""
+
     def f(x: Any, spec: str) -> str:
         return "—" if x is None or pd.isna(x) else format(x, spec)
 
-    return pd.DataFrame({
-        "scale": table["scale"], "variant": table["variant"], "final ppl (seed mean)": table["final_ppl"].map(lambda x: f(x, ".3f")),
-        "worst seed": table["worst_seed_ppl"].map(lambda x: f(x, ".3f")), "unigram ppl": table["unigram_ppl"].map(lambda x: f(x, ".2f")),
-        "final / unigram": table["ppl_over_unigram"].map(lambda x: f(x, ".3f")),
-        "worst seed / unigram": table["worst_seed_over_unigram"].map(lambda x: f(x, ".3f")), "seeds": table["n_seeds"],
-    })
+    return pd.DataFrame(
+        {
+            "scale": table["scale"],
+            "variant": table["variant"],
+            "final ppl (seed mean)": table["final_ppl"].map(lambda x: f(x, ".3f")),
+            "worst seed": table["worst_seed_ppl"].map(lambda x: f(x, ".3f")),
+            "unigram ppl": table["unigram_ppl"].map(lambda x: f(x, ".2f")),
+            "final / unigram": table["ppl_over_unigram"].map(lambda x: f(x, ".3f")),
+            "worst seed / unigram": table["worst_seed_over_unigram"].map(lambda x: f(x, ".3f")),
+            "seeds": table["n_seeds"],
+        }
+    )
 
 
 def attach(summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, experiment_id: str, corpus: str | None) -> None:

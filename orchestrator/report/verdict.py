@@ -19,13 +19,30 @@ from scipy import stats
 
 from orchestrator.report.power import paired_verdict
 
-COLUMNS = ["scale", "variant", "n_pairs", "paired_dloss", "paired_low", "paired_high", "p_value", "detectable", "seeds_needed",
-           "paired_ppl_pct", "paired_ppl_pct_low", "paired_ppl_pct_high", "unpaired_dloss", "unpaired_low", "unpaired_high",
-           "verdict", "note"]
+COLUMNS = [
+    "scale",
+    "variant",
+    "n_pairs",
+    "paired_dloss",
+    "paired_low",
+    "paired_high",
+    "p_value",
+    "detectable",
+    "seeds_needed",
+    "paired_ppl_pct",
+    "paired_ppl_pct_low",
+    "paired_ppl_pct_high",
+    "unpaired_dloss",
+    "unpaired_low",
+    "unpaired_high",
+    "verdict",
+    "note",
+]
 
 
-def paired_differences(finals: pd.DataFrame, scales: list[str], variants: list[str], reference: str,
-                       level: float = 0.95, power: float = 0.8) -> pd.DataFrame:
+def paired_differences(
+    finals: pd.DataFrame, scales: list[str], variants: list[str], reference: str, level: float = 0.95, power: float = 0.8
+) -> pd.DataFrame:
     """One row per (scale, non-reference variant) with a finished x1 run of both.
 
     finals: curves.run_finals output. Columns: COLUMNS (dloss in nats; *_ppl_pct the paired
@@ -46,11 +63,20 @@ def paired_differences(finals: pd.DataFrame, scales: list[str], variants: list[s
 
 def compare(var: pd.Series, ref: pd.Series, level: float = 0.95, power: float = 0.8) -> dict:
     """Paired and unpaired difference of two seed -> final loss series (module docstring)."""
-    pv = paired_verdict({int(k): float(x) for k, x in var.items()}, {int(k): float(x) for k, x in ref.items()},
-                        alpha=1 - level, power=power)
-    out = {"n_pairs": pv.n_pairs, "paired_dloss": pv.mean_diff, "paired_low": pv.low, "paired_high": pv.high,
-           "p_value": pv.p_value, "detectable": pv.mde, "seeds_needed": pv.seeds_needed, "verdict": pv.verdict,
-           "note": f"seed(s) {', '.join(map(str, pv.unpaired))} without a partner: not paired" if pv.unpaired else ""}
+    pv = paired_verdict(
+        {int(k): float(x) for k, x in var.items()}, {int(k): float(x) for k, x in ref.items()}, alpha=1 - level, power=power
+    )
+    out = {
+        "n_pairs": pv.n_pairs,
+        "paired_dloss": pv.mean_diff,
+        "paired_low": pv.low,
+        "paired_high": pv.high,
+        "p_value": pv.p_value,
+        "detectable": pv.mde,
+        "seeds_needed": pv.seeds_needed,
+        "verdict": pv.verdict,
+        "note": f"seed(s) {', '.join(map(str, pv.unpaired))} without a partner: not paired" if pv.unpaired else "",
+    }
     for key, x in (("paired_ppl_pct", pv.mean_diff), ("paired_ppl_pct_low", pv.low), ("paired_ppl_pct_high", pv.high)):
         out[key] = 100 * np.expm1(x)
     return out | _unpaired(var.to_numpy(float), ref.to_numpy(float), level)

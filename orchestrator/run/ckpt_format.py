@@ -34,8 +34,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CKPT_TAG", "MANIFEST_PREFIX", "STATE_FILE", "has_manifest", "manifest_name", "merge_share", "read_state",
-           "save_share", "verify_share", "write_manifest", "write_state"]
+__all__ = [
+    "CKPT_TAG",
+    "MANIFEST_PREFIX",
+    "STATE_FILE",
+    "has_manifest",
+    "manifest_name",
+    "merge_share",
+    "read_state",
+    "save_share",
+    "verify_share",
+    "write_manifest",
+    "write_state",
+]
 
 CKPT_TAG = "ckpt"  # DeepSpeed's tag: its files go to <checkpoint>/ckpt/
 STATE_FILE = "qkstudy_state.json"  # the loop state, rank 0's share
@@ -85,8 +96,11 @@ def write_manifest(directory: str | Path, rank: int, world: int) -> dict[str, li
     Call after the save returned: the manifest is the mark that this share is complete.
     Raises OSError when the directory cannot be read or written."""
     d = Path(directory)
-    files = {str(p.relative_to(d)): [p.stat().st_size, _sha256(p)] for p in sorted(d.rglob("*"))
-             if p.is_file() and not p.name.startswith(MANIFEST_PREFIX)}
+    files = {
+        str(p.relative_to(d)): [p.stat().st_size, _sha256(p)]
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and not p.name.startswith(MANIFEST_PREFIX)
+    }
     tmp = d / (manifest_name(rank) + ".tmp")
     with tmp.open("w") as f:
         json.dump({"rank": rank, "world": world, "files": files}, f)

@@ -115,12 +115,13 @@ def clear_stale_lock(lock: Path, min_age_s: float = MIN_AGE_S, recheck_s: float 
         lock.unlink()
     except FileNotFoundError:
         return None
-    return (f"removed stale torch-extension build lock {lock} ({age:.0f} s old, no live process holds it "
-            f"or builds in {lock.parent}): a build was killed while holding it")
+    return (
+        f"removed stale torch-extension build lock {lock} ({age:.0f} s old, no live process holds it "
+        f"or builds in {lock.parent}): a build was killed while holding it"
+    )
 
 
-def clear_stale_locks(roots: list[Path] | None = None, min_age_s: float = MIN_AGE_S,
-                      recheck_s: float = RECHECK_S) -> list[str]:
+def clear_stale_locks(roots: list[Path] | None = None, min_age_s: float = MIN_AGE_S, recheck_s: float = RECHECK_S) -> list[str]:
     """``clear_stale_lock`` on every lock under ``roots`` (default ``extension_roots()``);
     returns one message per removed lock."""
     msgs = [clear_stale_lock(p, min_age_s, recheck_s) for p in find_locks(roots)]

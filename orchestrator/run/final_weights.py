@@ -85,8 +85,9 @@ def consolidated_state_dict(engine: Any, zero_stage: int, rank: int) -> dict[str
     return out
 
 
-def write_weights(folder: Path, state_dict: dict[str, torch.Tensor], model_config: dict[str, Any],
-                  meta: dict[str, Any] | None = None) -> str:
+def write_weights(
+    folder: Path, state_dict: dict[str, torch.Tensor], model_config: dict[str, Any], meta: dict[str, Any] | None = None
+) -> str:
     """Write ``model.pt`` (temp name, then rename), ``model_config.json`` and ``weights.json``
     into ``folder``; returns the SHA-256 of ``model.pt``. ``model_config``: ModelConfig fields."""
     ModelConfig(**model_config)  # refuse a config the loader could not build
@@ -95,14 +96,25 @@ def write_weights(folder: Path, state_dict: dict[str, torch.Tensor], model_confi
     digest = sha256_file(tmp)
     tmp.rename(folder / WEIGHTS_FILE)
     (folder / CONFIG_FILE).write_text(json.dumps(model_config, indent=2, sort_keys=True))
-    info = {"format": FORMAT, "sha256": digest, "bytes": (folder / WEIGHTS_FILE).stat().st_size,
-            "dtype": "float32", "tensors": len(state_dict), **(meta or {})}
+    info = {
+        "format": FORMAT,
+        "sha256": digest,
+        "bytes": (folder / WEIGHTS_FILE).stat().st_size,
+        "dtype": "float32",
+        "tensors": len(state_dict),
+        **(meta or {}),
+    }
     (folder / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
     return digest
 
 
-def log_final_weights(tracking_uri: str, mlflow_run_id: str, state_dict: dict[str, torch.Tensor],
-                      model_config: dict[str, Any], meta: dict[str, Any] | None = None) -> str:
+def log_final_weights(
+    tracking_uri: str,
+    mlflow_run_id: str,
+    state_dict: dict[str, torch.Tensor],
+    model_config: dict[str, Any],
+    meta: dict[str, Any] | None = None,
+) -> str:
     """Log a state dict as the run's final weights (see the module doc); returns its digest."""
     client = client_for(tracking_uri)
     with tempfile.TemporaryDirectory(prefix="qkstudy-final-") as d:
@@ -112,15 +124,15 @@ def log_final_weights(tracking_uri: str, mlflow_run_id: str, state_dict: dict[st
     return digest
 
 
-def save_final_weights(engine: Any, model_config: dict[str, Any], tracking_uri: str, mlflow_run_id: str, *,
-                       zero_stage: int, rank: int, step: int, tokens: int) -> str | None:
+def save_final_weights(
+    engine: Any, model_config: dict[str, Any], tracking_uri: str, mlflow_run_id: str, *, zero_stage: int, rank: int, step: int, tokens: int
+) -> str | None:
     """Consolidate the engine's weights and log them on rank 0 (every rank calls this: ZeRO-3
     gathers are collective). Returns the digest on rank 0, None elsewhere."""
     sd = consolidated_state_dict(engine, zero_stage, rank)
     if rank != 0:
         return None
-    return log_final_weights(tracking_uri, mlflow_run_id, sd, model_config,
-                             {"step": step, "tokens": tokens, "zero_stage": zero_stage})
+    return log_final_weights(tracking_uri, mlflow_run_id, sd, model_config, {"step": step, "tokens": tokens, "zero_stage": zero_stage})
 
 
 @dataclass
@@ -146,15 +158,19 @@ def load_run(tracking_uri: str, mlflow_run_id: str, device: str | torch.device =
     run = client.get_run(mlflow_run_id)
     want = run.data.tags.get(DIGEST_TAG)
     if not want:
-        raise FinalWeightsError(f"MLflow run {mlflow_run_id} has no final weights (tag {DIGEST_TAG} is missing): "
-                                "it did not finish, or finished before final weights were kept")
+        raise FinalWeightsError(
+            f"MLflow run {mlflow_run_id} has no final weights (tag {DIGEST_TAG} is missing): "
+            "it did not finish, or finished before final weights were kept"
+        )
     with tempfile.TemporaryDirectory(prefix="qkstudy-load-") as d:
         folder = Path(client.download_artifacts(mlflow_run_id, ARTIFACT_DIR, d))
         got = sha256_file(folder / WEIGHTS_FILE)
         meta = json.loads((folder / META_FILE).read_text())
         if got != want or meta.get("sha256") != want:
-            raise FinalWeightsError(f"MLflow run {mlflow_run_id}: {ARTIFACT_DIR}/{WEIGHTS_FILE} has SHA-256 {got}, "
-                                    f"the run recorded {want}: refusing to load a changed file")
+            raise FinalWeightsError(
+                f"MLflow run {mlflow_run_id}: {ARTIFACT_DIR}/{WEIGHTS_FILE} has SHA-256 {got}, "
+                f"the run recorded {want}: refusing to load a changed file"
+            )
         cfg = ModelConfig(**json.loads((folder / CONFIG_FILE).read_text()))
         state = torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True)
     model = GPT(cfg, seed=0)
@@ -167,8 +183,7 @@ def load_run(tracking_uri: str, mlflow_run_id: str, device: str | torch.device =
     return LoadedRun(model, cfg, mlflow_run_id, want, run.data.params.get("data_path"), seq_len)
 
 
-def evaluate(run: LoadedRun, data_path: str | None = None, max_windows: int | None = None,
-             batch_size: int = 16) -> float:
+def evaluate(run: LoadedRun, data_path: str | None = None, max_windows: int | None = None, batch_size: int = 16) -> float:
     """Mean loss [nats per scored token] of ``run`` over a prepared corpus's val split (default:
     the run's own ``data_path``): the loader's fixed eval windows (``eval_windows(max_windows)``,
     all when None), weighted as the worker weights them (``evaluate.eval_sums``). NaN when no
@@ -190,8 +205,15 @@ def evaluate(run: LoadedRun, data_path: str | None = None, max_windows: int | No
 
 
 @torch.no_grad()
-def sample(run: LoadedRun, prompt_tokens: Sequence[int] | torch.Tensor, n: int, *, temperature: float = 1.0,
-           top_k: int | None = None, seed: int = 0) -> list[int]:
+def sample(
+    run: LoadedRun,
+    prompt_tokens: Sequence[int] | torch.Tensor,
+    n: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int = 0,
+) -> list[int]:
     """Extend ``prompt_tokens`` (token ids, >= 1) by ``n`` tokens; returns prompt + new ids.
 
     ``temperature`` 0 is greedy (argmax); otherwise softmax(logits / temperature) over the
@@ -205,7 +227,7 @@ def sample(run: LoadedRun, prompt_tokens: Sequence[int] | torch.Tensor, n: int, 
     device = next(run.model.parameters()).device
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for _ in range(n):
-        ctx = torch.tensor([ids[-run.config.seq_len:]], device=device)
+        ctx = torch.tensor([ids[-run.config.seq_len :]], device=device)
         logits = run.model(ctx)[0][0, -1].float().cpu()
         if temperature == 0:
             ids.append(int(logits.argmax()))

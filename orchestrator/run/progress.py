@@ -58,8 +58,8 @@ def get_board(study: str, namespace: str = "qkstudy"):
     one: it lives with the job)."""
     # Ray's decorator types the class as itself, without the actor class's .options.
     return ProgressBoard.options(  # type: ignore[attr-defined]
-        name=board_name(study), namespace=namespace, get_if_exists=True,
-        scheduling_strategy=on_driver_node()).remote()
+        name=board_name(study), namespace=namespace, get_if_exists=True, scheduling_strategy=on_driver_node()
+    ).remote()
 
 
 def report_progress(board_name_: str | None, run_id: str, **fields: Any) -> None:
@@ -91,9 +91,16 @@ class StudyProgress:
         self._done_tokens: dict[str, int] = {}
         self._announced: set[str] = set()
         self._last_line = time.time()
-        self.bar = Progress(TextColumn("{task.description}", justify="left"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False,
-                            disable=not self.live)
+        self.bar = Progress(
+            TextColumn("{task.description}", justify="left"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=not self.live,
+        )
         self._overall = self.bar.add_task(f"[bold]study {study_name}", total=self.total_tokens, info="")
         self._tasks = {r.run_id: self.bar.add_task(f"  {r.run_name}", total=r.tokens, info="queued") for r in order}
 
@@ -101,8 +108,7 @@ class StudyProgress:
         self.bar.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.bar.__exit__(exc_type, exc, tb)
 
     @property
@@ -127,10 +133,14 @@ class StudyProgress:
         self.bar.update(self._overall, completed=self.done_tokens)
         if not self.live and time.time() - self._last_line > LOG_EVERY_S:
             self._last_line = time.time()
-            running = ", ".join(f"{self.names.get(r, r)} {s['tokens'] * 100 // max(s['planned'], 1)}%"
-                                for r, s in snapshot.items() if s.get("state") == "running" and "planned" in s)
-            self.console.print(f"study {self.study_name}: {self.done_tokens:,}/{self.total_tokens:,} tokens"
-                               + (f"; running: {running}" if running else ""))
+            running = ", ".join(
+                f"{self.names.get(r, r)} {s['tokens'] * 100 // max(s['planned'], 1)}%"
+                for r, s in snapshot.items()
+                if s.get("state") == "running" and "planned" in s
+            )
+            self.console.print(
+                f"study {self.study_name}: {self.done_tokens:,}/{self.total_tokens:,} tokens" + (f"; running: {running}" if running else "")
+            )
 
     def run_ended(self, run: RunSpec, status: str, reason: str) -> None:
         """A run's final state, as its pack's task returned it."""

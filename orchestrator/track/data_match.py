@@ -42,10 +42,14 @@ def _note(corpus: str, local: str | None, held: list[str], used: str | None) -> 
     here = f"the data here (content hash {local})" if local else "its files cannot be read here"
     if used != local:
         link = " differs from the data" if local else "; the data"
-        return (f"corpus {corpus!r}: {here}{link} the study's runs in MLflow were trained on (content hash "
-                f"{used}): runs are matched by MLflow's hash")
-    return (f"corpus {corpus!r}: {here}; the study's runs in MLflow were trained on other data "
-            f"(content hashes {', '.join(held)}): runs listed as planned would train on the data here")
+        return (
+            f"corpus {corpus!r}: {here}{link} the study's runs in MLflow were trained on (content hash "
+            f"{used}): runs are matched by MLflow's hash"
+        )
+    return (
+        f"corpus {corpus!r}: {here}; the study's runs in MLflow were trained on other data "
+        f"(content hashes {', '.join(held)}): runs listed as planned would train on the data here"
+    )
 
 
 def match_data(local: dict[str, str | None], held: dict[str, set[str]]) -> tuple[dict[str, str | None], list[str]]:

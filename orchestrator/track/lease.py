@@ -258,9 +258,18 @@ class Lease:
         on_lost: called with a reason (from the heartbeat thread) when the lease is lost.
     """
 
-    def __init__(self, location: str, name: str, *, ttl_s: float = DEFAULT_TTL_S, heartbeat_s: float | None = None,
-                 job_id: str | None = None, settle_s: float = DEFAULT_SETTLE_S, local_liveness: bool = True,
-                 on_lost: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        location: str,
+        name: str,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        heartbeat_s: float | None = None,
+        job_id: str | None = None,
+        settle_s: float = DEFAULT_SETTLE_S,
+        local_liveness: bool = True,
+        on_lost: Callable[[str], None] | None = None,
+    ):
         if ttl_s <= 0:
             raise ValueError(f"ttl_s={ttl_s} must be > 0")
         self.location, self.name, self.ttl_s = str(location), name, float(ttl_s)
@@ -268,8 +277,16 @@ class Lease:
         self.local_liveness, self.on_lost = local_liveness, on_lost
         self._dir = _lease_dir(self.location, name, settle_s)
         now = time.time()
-        self._me = Holder(socket.gethostname(), os.getpid(), job_id or os.environ.get(JOB_ID_ENV) or None, now, now,
-                          uuid.uuid4().hex, _node_id(), _proc_start(os.getpid()))
+        self._me = Holder(
+            socket.gethostname(),
+            os.getpid(),
+            job_id or os.environ.get(JOB_ID_ENV) or None,
+            now,
+            now,
+            uuid.uuid4().hex,
+            _node_id(),
+            _proc_start(os.getpid()),
+        )
         self.generation = 0
         self.took_over: Holder | None = None  # the previous holder, when this acquire took over
         self.takeover_reason: str | None = None

@@ -80,9 +80,16 @@ class MetricBuffer:
     """Batches one run's metric points and writes them with ``log_batch``, keeping every
     point until it is written (module docstring). ``log`` gets the outage and drop notes."""
 
-    def __init__(self, client: Any, mlflow_run_id: str, resume_after: int = -1, policy: OutagePolicy | None = None,
-                 log: Callable[[str], None] = _log, clock: Callable[[], float] = time.monotonic,
-                 carried: list[list] | None = None):
+    def __init__(
+        self,
+        client: Any,
+        mlflow_run_id: str,
+        resume_after: int = -1,
+        policy: OutagePolicy | None = None,
+        log: Callable[[str], None] = _log,
+        clock: Callable[[], float] = time.monotonic,
+        carried: list[list] | None = None,
+    ):
         from mlflow.entities import Metric
 
         self.client, self.mlflow_run_id, self.resume_after = client, mlflow_run_id, resume_after
@@ -124,8 +131,10 @@ class MetricBuffer:
             for _ in range(over):
                 self._pending.popleft()
             self.dropped += over
-            self.log(f"MLflow unreachable: dropped the {over} oldest unwritten point(s) beyond the buffer's "
-                     f"{self.policy.max_points} ({self.dropped} dropped in all)")
+            self.log(
+                f"MLflow unreachable: dropped the {over} oldest unwritten point(s) beyond the buffer's "
+                f"{self.policy.max_points} ({self.dropped} dropped in all)"
+            )
         if self._down_since is not None and self.clock() >= self._next_try:
             self.flush()
 
@@ -174,8 +183,10 @@ class MetricBuffer:
                 self._pending.popleft()
         if self._down_since is not None:
             down = self.clock() - self._down_since
-            self.log(f"MLflow answers again after {down:.0f} s ({self._tries} failed write(s)): every kept point written"
-                     + (f"; {self.dropped} oldest point(s) were dropped" if self.dropped else ""))
+            self.log(
+                f"MLflow answers again after {down:.0f} s ({self._tries} failed write(s)): every kept point written"
+                + (f"; {self.dropped} oldest point(s) were dropped" if self.dropped else "")
+            )
             self._down_since, self._tries = None, 0
             if self.dropped:
                 self.client.log_batch(self.mlflow_run_id, tags=[RunTag("metrics_dropped", str(self.dropped))])
@@ -185,8 +196,10 @@ class MetricBuffer:
         now = self.clock()
         if self._down_since is None:
             self._down_since = now
-            self.log(f"MLflow write failed ({type(err).__name__}): keeping {len(self._pending)} point(s) and "
-                     f"retrying for up to {self.policy.max_outage_s:.0f} s")
+            self.log(
+                f"MLflow write failed ({type(err).__name__}): keeping {len(self._pending)} point(s) and "
+                f"retrying for up to {self.policy.max_outage_s:.0f} s"
+            )
         self._tries += 1
         self._error = redact_uri(f"{type(err).__name__}: {err}")[:500]
         backoff = min(self.policy.max_backoff_s, self.policy.first_backoff_s * 2 ** (self._tries - 1))
@@ -194,9 +207,11 @@ class MetricBuffer:
 
     def _outage_reason(self) -> str:
         uri = redact_uri(str(getattr(self.client, "tracking_uri", "") or getattr(self.client, "_tracking_uri", "")))
-        return (f"MLflow{' at ' + uri if uri else ''} took no write for {self.clock() - (self._down_since or 0.0):.0f} s "
-                f"(bound {self.policy.max_outage_s:.0f} s, {OUTAGE_ENV}; {self._tries} tries; last error: {self._error}); "
-                f"{len(self._pending)} point(s) unwritten"
-                + (f", {self.dropped} oldest dropped beyond the buffer's {self.policy.max_points}" if self.dropped else "")
-                + "; the run's checkpoints are kept (with its unwritten points): "
-                "resubmit the study once MLflow answers and the run resumes from its last checkpoint")
+        return (
+            f"MLflow{' at ' + uri if uri else ''} took no write for {self.clock() - (self._down_since or 0.0):.0f} s "
+            f"(bound {self.policy.max_outage_s:.0f} s, {OUTAGE_ENV}; {self._tries} tries; last error: {self._error}); "
+            f"{len(self._pending)} point(s) unwritten"
+            + (f", {self.dropped} oldest dropped beyond the buffer's {self.policy.max_points}" if self.dropped else "")
+            + "; the run's checkpoints are kept (with its unwritten points): "
+            "resubmit the study once MLflow answers and the run resumes from its last checkpoint"
+        )

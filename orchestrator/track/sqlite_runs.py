@@ -49,8 +49,10 @@ class StoredRun:
 
 
 # MLflow orders NULL start times last; run_uuid breaks ties (SqlAlchemyStore's order clauses).
-_RUNS = ("SELECT run_uuid, name, status, start_time FROM runs WHERE experiment_id = ? AND lifecycle_stage = 'active' "
-         "ORDER BY start_time IS NULL, start_time ASC, run_uuid ASC")
+_RUNS = (
+    "SELECT run_uuid, name, status, start_time FROM runs WHERE experiment_id = ? AND lifecycle_stage = 'active' "
+    "ORDER BY start_time IS NULL, start_time ASC, run_uuid ASC"
+)
 _PER_RUN = {  # what fills each field of StoredRunData; joined to the experiment's active runs
     "tags": "SELECT x.run_uuid, x.key, x.value FROM tags x",
     "params": "SELECT x.run_uuid, x.key, x.value FROM params x",

@@ -77,8 +77,7 @@ def study_lease_line(study: str, spec: Any | None = None) -> str:
     return f"study lease: {'held by ' + describe_holder(h) if isinstance(h, Holder) else describe_holder(h) or 'free'}"
 
 
-def _train_runs(study: str, tracking_uri: str, db: Path | None,
-                warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+def _train_runs(study: str, tracking_uri: str, db: Path | None, warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
     """The study's training runs by ``run_id`` tag (None: no such experiment): a SQLite store
     through ``sqlite3`` (no MLflow import: ``track.sqlite_runs``), falling back to MLflow's
     client on a schema that reader does not know; any other store through the client.
@@ -104,8 +103,7 @@ def _train_runs(study: str, tracking_uri: str, db: Path | None,
         raise ConnectionError(f"tracking store {tracking_uri}: {e.message}") from e
 
 
-def study_status(study: str, tracking_uri: str, spec: Any | None = None,
-                 warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def study_status(study: str, tracking_uri: str, spec: Any | None = None, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Rows {run_name, run_id, status, tokens, planned_tokens, val_ppl, note, lease} for a study.
 
     With the study's spec, planned runs that MLflow does not hold yet appear as ``planned``;
@@ -130,13 +128,18 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None,
     rows = []
     for run_id, r in runs.items():
         m, t, p = r.data.metrics, r.data.tags, r.data.params
-        rows.append({
-            "run_name": r.info.run_name, "run_id": run_id, "status": run_status(r),
-            "tokens": int(m["tokens"]) if "tokens" in m else None,
-            "planned_tokens": int(p["planned_tokens"]) if "planned_tokens" in p else None,
-            "val_ppl": m.get("val/ppl"), "note": t.get("failure_reason", "")[:120],
-            "lease": describe_holder(_holder(lease_storage(study, spec), run_lease_name(run_id))),
-        })
+        rows.append(
+            {
+                "run_name": r.info.run_name,
+                "run_id": run_id,
+                "status": run_status(r),
+                "tokens": int(m["tokens"]) if "tokens" in m else None,
+                "planned_tokens": int(p["planned_tokens"]) if "planned_tokens" in p else None,
+                "val_ppl": m.get("val/ppl"),
+                "note": t.get("failure_reason", "")[:120],
+                "lease": describe_holder(_holder(lease_storage(study, spec), run_lease_name(run_id))),
+            }
+        )
     if spec is not None:
         from orchestrator.track.data_match import plan_against
 
@@ -145,7 +148,17 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None,
             (warn or (lambda _: None))(line)
         for run in planned:
             if run.run_id not in runs:
-                rows.append({"run_name": run.run_name, "run_id": run.run_id, "status": STATUS_PLANNED, "tokens": None,
-                             "planned_tokens": run.tokens, "val_ppl": None, "note": "", "lease": ""})
+                rows.append(
+                    {
+                        "run_name": run.run_name,
+                        "run_id": run.run_id,
+                        "status": STATUS_PLANNED,
+                        "tokens": None,
+                        "planned_tokens": run.tokens,
+                        "val_ppl": None,
+                        "note": "",
+                        "lease": "",
+                    }
+                )
     order = {STATUS_RUNNING: 0, STATUS_FAILED: 1, STATUS_QUEUED: 2, STATUS_PLANNED: 3, STATUS_FINISHED: 4}
     return sorted(rows, key=lambda r: (order.get(r["status"], 9), r["run_name"]))

@@ -88,8 +88,24 @@ def named_study_uri(name: str, tracking_uri: str | None = None) -> str:
 _URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
 # A query key names a secret if one of its words is one of these ("token", "hf_token"; not
 # "tokens" or "tokenizer").
-_SECRET_WORDS = frozenset({"password", "passwd", "pwd", "secret", "token", "apikey", "credential", "credentials",
-                           "authorization", "auth", "cookie", "signature", "privatekey", "sessiontoken"})
+_SECRET_WORDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "secret",
+        "token",
+        "apikey",
+        "credential",
+        "credentials",
+        "authorization",
+        "auth",
+        "cookie",
+        "signature",
+        "privatekey",
+        "sessiontoken",
+    }
+)
 _SECRET_COMPOUNDS = ("api_key", "api-key", "private_key", "private-key", "access_key_secret")
 
 
@@ -235,8 +251,7 @@ def _log_params(client: MlflowClient, mlflow_run_id: str, params: dict[str, Any]
         client.log_batch(mlflow_run_id, params=items[i : i + 100])
 
 
-def set_status(client: MlflowClient, mlflow_run_id: str, status: str, reason: str | None = None,
-               tokens: int | None = None) -> None:
+def set_status(client: MlflowClient, mlflow_run_id: str, status: str, reason: str | None = None, tokens: int | None = None) -> None:
     """Set the ``status`` tag (and MLflow's own run status) of a run; record why it failed."""
     from mlflow.entities import RunTag
 
@@ -276,7 +291,7 @@ def unigram_from_tags(tags: dict[str, str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for key, value in tags.items():
         if key.startswith(UNIGRAM_PPL_TAG + "."):
-            corpus = key[len(UNIGRAM_PPL_TAG) + 1:]
+            corpus = key[len(UNIGRAM_PPL_TAG) + 1 :]
             n = tags.get(f"{UNIGRAM_VAL_TOKENS_TAG}.{corpus}")
             out[corpus] = {"val_ppl": float(value), "val_tokens": int(n) if n is not None else None}
     return out

@@ -14,16 +14,19 @@ def test_defaults_are_stdlib_bpe_4096_and_json_serialisable():
     assert CorpusConfig(**dumped["c"]) == c and TokenizerConfig(**dumped["t"]) == t
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"sourc": "text"}, "sourc"),
-    ({"source": "text"}, "paths"),
-    ({"source": "parquet", "paths": ["x"], "document_boundary": "blank_lines"}, "document_boundary"),
-    ({"source": "stdlib", "val_fraction": 1.5}, "val_fraction"),
-    ({"source": "hf"}, "hf_path"),
-    ({"source": "mixture"}, "components"),
-    ({"source": "mqar", "mqar": {"preset": "easy", "num_kv_pairs": 40}}, "num_kv_pairs"),
-    ({"source": "mqar", "mqar": {"preset": "insane"}}, "preset"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"sourc": "text"}, "sourc"),
+        ({"source": "text"}, "paths"),
+        ({"source": "parquet", "paths": ["x"], "document_boundary": "blank_lines"}, "document_boundary"),
+        ({"source": "stdlib", "val_fraction": 1.5}, "val_fraction"),
+        ({"source": "hf"}, "hf_path"),
+        ({"source": "mixture"}, "components"),
+        ({"source": "mqar", "mqar": {"preset": "easy", "num_kv_pairs": 40}}, "num_kv_pairs"),
+        ({"source": "mqar", "mqar": {"preset": "insane"}}, "preset"),
+    ],
+)
 def test_validation_errors_name_the_field(kwargs, field):
     with pytest.raises(ValidationError) as e:
         CorpusConfig(**kwargs)

@@ -34,7 +34,7 @@ def test_batches_are_windows_of_the_stream(path):
     batch = loader.batch(5)
     assert batch.dtype == torch.int64 and batch.shape == (BATCH, SEQ + 1)
     for w, row in zip(loader.window_indices(5), batch):
-        assert torch.equal(row, torch.from_numpy(stream[w * SEQ: w * SEQ + SEQ + 1]))
+        assert torch.equal(row, torch.from_numpy(stream[w * SEQ : w * SEQ + SEQ + 1]))
     x, y = loader.xy(5)
     assert torch.equal(x, batch[:, :-1]) and torch.equal(y, batch[:, 1:])
 
@@ -73,7 +73,7 @@ def test_each_epoch_visits_every_window_once_in_a_new_order(path):
     n = loader.num_windows
     steps = -(-2 * n // 4) + 1
     order = np.concatenate([loader.window_indices(s) for s in range(steps)])
-    first, second = order[:n], order[n: 2 * n]
+    first, second = order[:n], order[n : 2 * n]
     assert sorted(first) == list(range(n)) and sorted(second) == list(range(n))
     assert not np.array_equal(first, second)
 
@@ -86,7 +86,7 @@ def test_eval_batches_fixed_subset_independent_of_seed(path):
     assert all(torch.equal(u, v) for u, v in zip(ea, b.eval_batches(10, 4)))
     xs = list(a.eval_xy(10, 4))
     assert all(torch.equal(x, t[:, :-1]) and torch.equal(y, t[:, 1:]) for (x, y), t in zip(xs, ea))
-    everything = torch.cat(list(a.eval_batches(10 ** 6, 64)))
+    everything = torch.cat(list(a.eval_batches(10**6, 64)))
     assert everything.shape[0] == a.num_windows
 
 
@@ -94,14 +94,13 @@ def test_windows_cross_shard_boundaries(tmp_path, monkeypatch):
     import data_pipeline.build as build
 
     monkeypatch.setattr(build, "CHUNK_CHARS", 20_000)
-    prep = prepare(CorpusConfig(max_documents=20), TokenizerConfig(vocab_size=600), tmp_path, num_proc=1,
-                   progress=False)
+    prep = prepare(CorpusConfig(max_documents=20), TokenizerConfig(vocab_size=600), tmp_path, num_proc=1, progress=False)
     assert len(prep.manifest["splits"]["train"]["shards"]) > 3
     loader = TokenLoader(prep.path, "train", 200, 16, seed=0)
     stream = _stream(prep.path, "train")
     for step in range(loader.num_windows // 16):
         for w, row in zip(loader.window_indices(step), loader.batch(step)):
-            assert np.array_equal(row.numpy(), stream[w * 200: w * 200 + 201])
+            assert np.array_equal(row.numpy(), stream[w * 200 : w * 200 + 201])
 
 
 def test_mqar_labels_only_on_values(tmp_path):
@@ -114,7 +113,7 @@ def test_mqar_labels_only_on_values(tmp_path):
     assert x.shape == y.shape == (16, 64)
     d = 4
     for xi, yi in zip(x, y):
-        pairs = dict(zip(xi[0:2 * d:2].tolist(), xi[1:2 * d:2].tolist()))
+        pairs = dict(zip(xi[0 : 2 * d : 2].tolist(), xi[1 : 2 * d : 2].tolist()))
         labelled = (yi != -100).nonzero().flatten().tolist()
         assert len(labelled) == d and min(labelled) >= 2 * d
         for t in labelled:  # the label at t is the value bound to the key x[t]
@@ -147,7 +146,7 @@ def test_eval_windows_fixed_nested_and_seed_independent(path):
     assert n > 40
     assert np.array_equal(a.eval_windows(20), b.eval_windows(20))
     assert np.array_equal(a.eval_windows(40)[:20], a.eval_windows(20))  # final pass contains the curve's
-    assert sorted(a.eval_windows().tolist()) == list(range(n)) and len(a.eval_windows(10 ** 6)) == n
+    assert sorted(a.eval_windows().tolist()) == list(range(n)) and len(a.eval_windows(10**6)) == n
     with pytest.raises(ValueError, match="max_windows"):
         a.eval_windows(0)
 

@@ -1,4 +1,5 @@
 """The MQAR generator against Zoology's layout (HazyResearch/zoology zoology/data/multiquery_ar.py)."""
+
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ def test_keys_and_values_are_distinct_within_each_example():
     # 15 values from 32: drawn with replacement, almost every example would repeat one.
     ids, _ = _gen()
     d, half = 15, 32
-    keys, values = ids[:, 0:2 * d:2], ids[:, 1:2 * d:2]
+    keys, values = ids[:, 0 : 2 * d : 2], ids[:, 1 : 2 * d : 2]
     assert keys.min() >= 1 and keys.max() < half and values.min() >= half and values.max() < 64
     assert all(len(set(row)) == d for row in keys.tolist())
     assert all(len(set(row)) == d for row in values.tolist())
@@ -31,7 +32,7 @@ def test_labels_exactly_at_the_query_keys():
     d = 15
     x, y = ids[:, :-1], labels[:, 1:]
     for xi, yi, row in zip(x, y, ids):
-        pairs = dict(zip(row[0:2 * d:2].tolist(), row[1:2 * d:2].tolist()))
+        pairs = dict(zip(row[0 : 2 * d : 2].tolist(), row[1 : 2 * d : 2].tolist()))
         at = np.flatnonzero(yi != IGNORE_INDEX)
         assert len(at) == d and at.min() >= 2 * d and np.all((at - 2 * d) % 2 == 0)
         assert sorted(xi[at].tolist()) == sorted(pairs)  # each key queried once, at a labelled position
@@ -46,7 +47,7 @@ def test_input_after_a_query_key_is_filler_not_the_value():
     # Zoology: the value is only the label; the input there is uniform filler (p = 1/64 to match).
     assert np.mean(ids[rows, cols] == labels[rows, cols]) < 0.05
     filler = np.ones(ids.shape, dtype=bool)
-    filler[:, :2 * 15] = False
+    filler[:, : 2 * 15] = False
     filler[rows, cols - 1] = False  # the query keys
     f = ids[filler]
     counts = np.bincount(f, minlength=64)
@@ -85,10 +86,8 @@ for args in [(10, 256, 12, 4, 0.01), (10, 16, 64, 8, 0.01), (10, 256, 64, 0, 0.0
     except Exception as e:
         print(type(e).__name__, str(e))
 """
-    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120,
-                         check=True).stdout.splitlines()
-    expected = ["seq_len=12", "num_kv_pairs=8 needs vocab_size >= 18", "num_kv_pairs=0", "power_a=0.0",
-                "power_a=nan", "num_train_examples"]
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+    expected = ["seq_len=12", "num_kv_pairs=8 needs vocab_size >= 18", "num_kv_pairs=0", "power_a=0.0", "power_a=nan", "num_train_examples"]
     assert len(out) == len(expected)
     for line, field in zip(out, expected):
         assert line.startswith("DataError mqar:") and field in line, line

@@ -104,7 +104,8 @@ def test_parallel_prepare_from_an_unguarded_script(tmp_path):
         "print('MAIN RAN')\n"
         f"p = prepare(CorpusConfig(max_documents=12), TokenizerConfig(vocab_size=600), {str(tmp_path)!r},"
         " num_proc=2, progress=False)\n"
-        "print(len(p.manifest['splits']['train']['shards']))\n")
+        "print(len(p.manifest['splits']['train']['shards']))\n"
+    )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()

@@ -13,8 +13,10 @@ from data_pipeline.sources import load_documents
 from data_pipeline.tokenizer import load_tokenizer
 
 TOK = TokenizerConfig(vocab_size=400, byte_fallback=True)
-WORDS = ("the river valley holds ancient stone bridges built by farmers who crossed water each "
-         "spring while merchants traded grain salt wool and iron along roads").split()
+WORDS = (
+    "the river valley holds ancient stone bridges built by farmers who crossed water each "
+    "spring while merchants traded grain salt wool and iron along roads"
+).split()
 
 
 def _paragraphs(n: int, seed: int, words_per: int = 60) -> list[str]:
@@ -47,10 +49,13 @@ def test_parquet_with_wikitext103_layout_end_to_end(tmp_path):
     data.mkdir()
     titles = [f"Article {chr(65 + i)}" for i in range(12)]
     pq.write_table(pa.table({"text": _wikitext_rows(titles, 0)}), data / "train-00000-of-00001.parquet")
-    pq.write_table(pa.table({"text": _wikitext_rows(["Held Out", "Another"], 100)}),
-                   data / "validation-00000-of-00001.parquet")
-    corpus = CorpusConfig(source="parquet", paths=[str(data / "train-*.parquet")],
-                          val_paths=[str(data / "validation-*.parquet")], document_boundary="wikitext_heading")
+    pq.write_table(pa.table({"text": _wikitext_rows(["Held Out", "Another"], 100)}), data / "validation-00000-of-00001.parquet")
+    corpus = CorpusConfig(
+        source="parquet",
+        paths=[str(data / "train-*.parquet")],
+        val_paths=[str(data / "validation-*.parquet")],
+        document_boundary="wikitext_heading",
+    )
     prep = prepare(corpus, TOK, tmp_path / "cache", num_proc=1, progress=False)
     m = prep.manifest
     assert (m["splits"]["train"]["documents"], m["splits"]["val"]["documents"]) == (12, 2)
@@ -83,8 +88,9 @@ def test_text_files_and_blank_line_documents(tmp_path):
     assert [d.text for d in per_para] == paras
     globbed = load_documents(CorpusConfig(source="text", paths=[str(root / "**" / "*.txt")]))
     assert [d.id for d in globbed] == ["a.txt", "sub/b.txt"]
-    prep = prepare(CorpusConfig(source="text", paths=[str(root)], document_boundary="blank_lines"), TOK,
-                   tmp_path / "cache", num_proc=1, progress=False)
+    prep = prepare(
+        CorpusConfig(source="text", paths=[str(root)], document_boundary="blank_lines"), TOK, tmp_path / "cache", num_proc=1, progress=False
+    )
     assert sorted(_decoded_documents(prep)) == sorted(paras)
 
 
@@ -104,8 +110,7 @@ def test_undecodable_bytes_are_counted_and_replaced(tmp_path):
     for i, t in enumerate(good):
         (tmp_path / f"{i}.txt").write_text(t)
     (tmp_path / "bad.txt").write_bytes(b"latin-1 caf\xe9 and \xff\xfe broken " + good[0].encode())
-    prep = prepare(CorpusConfig(source="text", paths=[str(tmp_path / "*.txt")]), TOK, tmp_path / "cache",
-                   num_proc=1, progress=False)
+    prep = prepare(CorpusConfig(source="text", paths=[str(tmp_path / "*.txt")]), TOK, tmp_path / "cache", num_proc=1, progress=False)
     assert prep.manifest["decode_errors"] == {"documents": 1, "replaced_chars": 3}
     assert any(d.startswith("latin-1 caf\ufffd and \ufffd\ufffd broken") for d in _decoded_documents(prep))
 
@@ -116,9 +121,14 @@ def test_mixture_samples_documents_by_weight(tmp_path):
     for i in range(40):
         (tmp_path / "a" / f"{i:02d}.txt").write_text(f"alpha {i} " + _paragraphs(1, i)[0])
         (tmp_path / "b" / f"{i:02d}.txt").write_text(f"beta {i} " + _paragraphs(1, 100 + i)[0])
-    corpus = CorpusConfig(source="mixture", seed=1, components=[
-        MixtureComponent(corpus=CorpusConfig(source="text", paths=[str(tmp_path / "a")]), weight=3.0),
-        MixtureComponent(corpus=CorpusConfig(source="text", paths=[str(tmp_path / "b")]), weight=1.0)])
+    corpus = CorpusConfig(
+        source="mixture",
+        seed=1,
+        components=[
+            MixtureComponent(corpus=CorpusConfig(source="text", paths=[str(tmp_path / "a")]), weight=3.0),
+            MixtureComponent(corpus=CorpusConfig(source="text", paths=[str(tmp_path / "b")]), weight=1.0),
+        ],
+    )
     docs = load_documents(corpus)
     n_a = sum(d.text.startswith("alpha") for d in docs)
     n_b = sum(d.text.startswith("beta") for d in docs)

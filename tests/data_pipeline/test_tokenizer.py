@@ -24,7 +24,7 @@ def test_line_wise_encoding_equals_whole_document(small_stdlib):
     texts = [d.text for d in load_documents(corpus)][:20] + [ODD_TEXT]
     flat, offsets = encode_documents(sp, texts, prep.eod_id, "uint16")
     for i, text in enumerate(texts):
-        assert flat[offsets[i]: offsets[i + 1]].tolist() == sp.encode(text) + [prep.eod_id]
+        assert flat[offsets[i] : offsets[i + 1]].tolist() == sp.encode(text) + [prep.eod_id]
 
 
 def test_eod_is_a_control_id_never_emitted_by_text(small_stdlib):

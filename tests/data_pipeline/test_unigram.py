@@ -41,13 +41,16 @@ def test_large_sample_reaches_the_entropy_and_a_mismatched_val_does_not():
     assert mismatched == pytest.approx(math.exp(cross), rel=0.02) and mismatched > 2 * math.exp(entropy)
 
 
-@pytest.mark.parametrize("train,val,v,match", [
-    (np.array([0, 5]), np.array([1]), 5, r"train token ids span \[0, 5\], outside the vocabulary \[0, 5\)"),
-    (np.array([0]), np.array([-1]), 5, "val token ids span"),
-    (np.array([0]), np.array([], dtype=np.int64), 5, "no token to score"),
-    (np.array([0.0]), np.array([1]), 5, "must be integer ids"),
-    (np.array([0]), np.array([0]), 0, "vocab_size must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "train,val,v,match",
+    [
+        (np.array([0, 5]), np.array([1]), 5, r"train token ids span \[0, 5\], outside the vocabulary \[0, 5\)"),
+        (np.array([0]), np.array([-1]), 5, "val token ids span"),
+        (np.array([0]), np.array([], dtype=np.int64), 5, "no token to score"),
+        (np.array([0.0]), np.array([1]), 5, "must be integer ids"),
+        (np.array([0]), np.array([0]), 0, "vocab_size must be >= 1"),
+    ],
+)
 def test_bad_input_is_named(train, val, v, match):
     with pytest.raises(DataError, match=match):
         unigram_perplexity(train, val, v)

@@ -15,13 +15,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CHECK = REPO / "docker" / "check_env.py"
 EXAMPLE = REPO / "docker" / ".env.example"
-SECRETS = ("MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
-           "RAY_AUTH_TOKEN", "POSTGRES_PASSWORD")
+SECRETS = ("MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY", "RAY_AUTH_TOKEN", "POSTGRES_PASSWORD")
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(CHECK), *args], capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ["PATH"], **(env or {})})
+    return subprocess.run(
+        [sys.executable, str(CHECK), *args], capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"], **(env or {})}
+    )
 
 
 def good_env_file(tmp_path: Path, **override: str) -> Path:
@@ -49,8 +49,9 @@ def test_a_file_with_real_secrets_passes(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.parametrize("value,why", [("", "is empty"), ("short-but-real", "is shorter than 16"),
-                                       ("ChangeMe-please-0123456789", "is still a placeholder")])
+@pytest.mark.parametrize(
+    "value,why", [("", "is empty"), ("short-but-real", "is shorter than 16"), ("ChangeMe-please-0123456789", "is still a placeholder")]
+)
 def test_each_bad_value_is_named(tmp_path: Path, value: str, why: str) -> None:
     res = run(str(good_env_file(tmp_path, RAY_AUTH_TOKEN=value)))
     assert res.returncode == 2 and f"RAY_AUTH_TOKEN {why}" in res.stderr, res.stderr
@@ -59,8 +60,7 @@ def test_each_bad_value_is_named(tmp_path: Path, value: str, why: str) -> None:
 
 def test_missing_secret_and_file_rules(tmp_path: Path) -> None:
     env_file = good_env_file(tmp_path)
-    env_file.write_text("\n".join(line for line in env_file.read_text().splitlines()
-                                  if not line.startswith("POSTGRES_PASSWORD=")) + "\n")
+    env_file.write_text("\n".join(line for line in env_file.read_text().splitlines() if not line.startswith("POSTGRES_PASSWORD=")) + "\n")
     assert "POSTGRES_PASSWORD is not set" in run(str(env_file)).stderr
     same = secrets.token_urlsafe(24)
     res = run(str(good_env_file(tmp_path, MLFLOW_ADMIN_PASSWORD=same, QKSTUDY_TRAINING_PASSWORD=same)))

@@ -19,8 +19,13 @@ DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 GPU = DOCKER / "compose.gpu.yaml"
 ENV_EXAMPLE = DOCKER / ".env.example"
-SECRET_VARS = ("MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD", "POSTGRES_PASSWORD",
-               "MLFLOW_FLASK_SERVER_SECRET_KEY", "RAY_AUTH_TOKEN")
+SECRET_VARS = (
+    "MLFLOW_ADMIN_PASSWORD",
+    "QKSTUDY_TRAINING_PASSWORD",
+    "POSTGRES_PASSWORD",
+    "MLFLOW_FLASK_SERVER_SECRET_KEY",
+    "RAY_AUTH_TOKEN",
+)
 RAY_NODES = ("ray-head", "ray-worker")
 
 
@@ -54,8 +59,9 @@ def render(compose: list[str], env_file: Path, *files: Path) -> subprocess.Compl
     # A bare environment: nothing from the caller's shell may fill in a variable.
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
     args = [a for f in (files or (COMPOSE,)) for a in ("-f", str(f))]
-    return subprocess.run([*compose, "--env-file", str(env_file), *args, "config"],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    return subprocess.run(
+        [*compose, "--env-file", str(env_file), *args, "config"], capture_output=True, text=True, env=env, cwd=REPO, timeout=60
+    )
 
 
 def published(service: dict) -> list[tuple[str, int]]:
@@ -74,7 +80,7 @@ def mounts(service: dict) -> dict[str, str]:
     """{target: source} of a service's volumes (short and long syntax)."""
     out = {}
     for v in service.get("volumes", []):
-        source, target = (v.split(":")[:2] if isinstance(v, str) else (v["source"], v["target"]))
+        source, target = v.split(":")[:2] if isinstance(v, str) else (v["source"], v["target"])
         out[target] = source
     return out
 
@@ -89,16 +95,26 @@ def config(compose: list[str]) -> dict:
 def test_stack_services(config: dict) -> None:
     assert set(config["services"]) == {"ray-head", "ray-worker", "mlflow", "mlflow-users", "postgres"}
     images = {name: svc["image"] for name, svc in config["services"].items()}
-    assert images == {"ray-head": "qkstudy:latest", "ray-worker": "qkstudy:latest", "mlflow": "qkstudy-mlflow:latest",
-                      "mlflow-users": "qkstudy-mlflow:latest", "postgres": "qkstudy-postgres:latest"}
+    assert images == {
+        "ray-head": "qkstudy:latest",
+        "ray-worker": "qkstudy:latest",
+        "mlflow": "qkstudy-mlflow:latest",
+        "mlflow-users": "qkstudy-mlflow:latest",
+        "postgres": "qkstudy-postgres:latest",
+    }
     # Built by `make images` (legacy builder, BASE_IMAGE), never by compose with other arguments.
     assert not any("build" in svc for svc in config["services"].values())
 
 
 def test_ports_bind_to_loopback_by_default(config: dict) -> None:
     ports = {name: published(svc) for name, svc in config["services"].items()}
-    assert ports == {"ray-head": [("127.0.0.1", 8265)], "mlflow": [("127.0.0.1", 5000)], "postgres": [],
-                     "ray-worker": [], "mlflow-users": []}
+    assert ports == {
+        "ray-head": [("127.0.0.1", 8265)],
+        "mlflow": [("127.0.0.1", 5000)],
+        "postgres": [],
+        "ray-worker": [],
+        "mlflow-users": [],
+    }
 
 
 def test_binding_elsewhere_is_an_explicit_opt_in(compose: list[str], tmp_path: Path) -> None:
@@ -198,8 +214,10 @@ def test_cpu_workers_need_no_gpu_and_the_gpu_override_takes_them_all(compose: li
     assert result.returncode == 0, result.stderr
     worker = yaml.safe_load(result.stdout)["services"]["ray-worker"]
     devices = worker["deploy"]["resources"]["reservations"]["devices"]
-    assert devices in ([{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}],
-                       [{"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}])  # v2 renders all as -1
+    assert devices in (
+        [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}],
+        [{"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}],
+    )  # v2 renders all as -1
     assert not any(a.startswith("--num-cpus") for a in worker["command"])  # detected on a GPU host
 
 
@@ -207,8 +225,14 @@ def test_scaling_gpu_workers_on_one_host_is_refused(tmp_path: Path) -> None:
     """`WORKERS=2 GPU=1`: two replicas would be handed the same GPUs; stack.sh refuses (exit 2)
     before touching docker."""
     env_file = tmp_path / "s.env"
-    env_file.write_text("\n".join(f"{k}={'x' * 8}{k.lower()}{'y' * 8}" if k in SECRET_VARS else f"{k}={v}"
-                                  for k, v in read_env(ENV_EXAMPLE).items()) + "\n")
-    res = subprocess.run([str(DOCKER / "stack.sh"), "up"], env={**os.environ, "ENV_FILE": str(env_file), "GPU": "1",
-                                                             "WORKERS": "2"}, capture_output=True, text=True, timeout=60)
+    env_file.write_text(
+        "\n".join(f"{k}={'x' * 8}{k.lower()}{'y' * 8}" if k in SECRET_VARS else f"{k}={v}" for k, v in read_env(ENV_EXAMPLE).items()) + "\n"
+    )
+    res = subprocess.run(
+        [str(DOCKER / "stack.sh"), "up"],
+        env={**os.environ, "ENV_FILE": str(env_file), "GPU": "1", "WORKERS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "holds all of its host's GPUs" in res.stderr, res.stderr

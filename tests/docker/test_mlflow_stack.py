@@ -21,8 +21,7 @@ from mlflow.tracking import MlflowClient
 SEARCH = "/api/2.0/mlflow/experiments/search?max_results=5"
 
 
-def status_of(url: str, *, auth: tuple[str, str] | None = None, body: dict | None = None,
-              host: str | None = None) -> int:
+def status_of(url: str, *, auth: tuple[str, str] | None = None, body: dict | None = None, host: str | None = None) -> int:
     """HTTP status of a GET (or a JSON POST when `body` is given), optionally with a Host."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
@@ -49,9 +48,7 @@ def client(mlflow_pg_server, monkeypatch) -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
 
 
-def test_run_logged_with_credentials_lands_in_postgres(
-    client: MlflowClient, postgres_server, tmp_path
-) -> None:
+def test_run_logged_with_credentials_lands_in_postgres(client: MlflowClient, postgres_server, tmp_path) -> None:
     import psycopg
 
     experiment = f"qkstudy-stack-{uuid.uuid4().hex[:8]}"
@@ -74,13 +71,9 @@ def test_run_logged_with_credentials_lands_in_postgres(
     assert json.loads(open(downloaded).read()) == {"runs": 1}
     # ... and in the Postgres backend store itself.
     with psycopg.connect(
-        host=postgres_server.host, port=postgres_server.port, user=postgres_server.user,
-        password=postgres_server.password, dbname="mlflow",
+        host=postgres_server.host, port=postgres_server.port, user=postgres_server.user, password=postgres_server.password, dbname="mlflow"
     ) as conn:
-        rows = conn.execute(
-            "SELECT step, value FROM metrics WHERE run_uuid = %s AND key = 'val/loss' ORDER BY step",
-            (run_id,),
-        ).fetchall()
+        rows = conn.execute("SELECT step, value FROM metrics WHERE run_uuid = %s AND key = 'val/loss' ORDER BY step", (run_id,)).fetchall()
         status = conn.execute("SELECT status FROM runs WHERE run_uuid = %s", (run_id,)).fetchone()
     assert [(int(s), float(v)) for s, v in rows] == curve
     assert status == ("FINISHED",)
@@ -137,23 +130,23 @@ storage_path: {storage}
 
 
 @pytest.mark.slow
-def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tmp_path,
-                                           monkeypatch) -> None:
+def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tmp_path, monkeypatch) -> None:
     """`qkstudy run` (real Ray + DeepSpeed) against the basic-auth server: credentials only
     from the standard environment variables, the run lands in Postgres, nothing leaks."""
     import psycopg
 
     uri, username, password = mlflow_pg_server
     name = f"stack-{uuid.uuid4().hex[:6]}"
-    (tmp_path / "study.yaml").write_text(
-        STUDY.format(suffix=name.removeprefix("stack-"), uri=uri, storage=tmp_path / "ray")
-    )
-    env = {**os.environ, "QKSTUDY_CACHE": str(tmp_path / "cache"),
-           "MLFLOW_TRACKING_USERNAME": username, "MLFLOW_TRACKING_PASSWORD": password}
+    (tmp_path / "study.yaml").write_text(STUDY.format(suffix=name.removeprefix("stack-"), uri=uri, storage=tmp_path / "ray"))
+    env = {
+        **os.environ,
+        "QKSTUDY_CACHE": str(tmp_path / "cache"),
+        "MLFLOW_TRACKING_USERNAME": username,
+        "MLFLOW_TRACKING_PASSWORD": password,
+    }
     env.pop("RAY_ADDRESS", None)
     qkstudy = Path(sys.executable).with_name("qkstudy")
-    result = subprocess.run([str(qkstudy), "run", "study.yaml"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run([str(qkstudy), "run", "study.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for secret in mlflow_pg_server.secrets_in_env:
         assert secret not in result.stdout + result.stderr
@@ -167,13 +160,9 @@ def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tm
     run = runs[0]
     assert run.info.status == "FINISHED" and run.data.tags["variant"] == "standard"
     with psycopg.connect(
-        host=postgres_server.host, port=postgres_server.port, user=postgres_server.user,
-        password=postgres_server.password, dbname="mlflow",
+        host=postgres_server.host, port=postgres_server.port, user=postgres_server.user, password=postgres_server.password, dbname="mlflow"
     ) as conn:
-        (last_step,) = conn.execute(
-            "SELECT max(step) FROM metrics WHERE run_uuid = %s AND key = 'val/ppl'",
-            (run.info.run_id,),
-        ).fetchone()
+        (last_step,) = conn.execute("SELECT max(step) FROM metrics WHERE run_uuid = %s AND key = 'val/ppl'", (run.info.run_id,)).fetchone()
     assert last_step == 8192  # step = tokens seen, final eval at the budget
     assert 1.0 < run.data.metrics["val/ppl"] < 512
 
@@ -188,14 +177,23 @@ def test_training_account_is_not_an_admin(mlflow_pg_server, monkeypatch) -> None
     uri, admin, admin_password = mlflow_pg_server
     trainer, trainer_password = f"train-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     script = Path(__file__).resolve().parents[2] / "docker" / "mlflow" / "create_user.py"
-    env = {"PATH": os.environ["PATH"], "MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_USERNAME": admin,
-           "MLFLOW_TRACKING_PASSWORD": admin_password, "QKSTUDY_TRAINING_USERNAME": trainer,
-           "QKSTUDY_TRAINING_PASSWORD": trainer_password}
+    env = {
+        "PATH": os.environ["PATH"],
+        "MLFLOW_TRACKING_URI": uri,
+        "MLFLOW_TRACKING_USERNAME": admin,
+        "MLFLOW_TRACKING_PASSWORD": admin_password,
+        "QKSTUDY_TRAINING_USERNAME": trainer,
+        "QKSTUDY_TRAINING_PASSWORD": trainer_password,
+    }
     for outcome in ("created", "updated"):
         res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0 and outcome in res.stdout, res.stderr[-2000:]
-    assert subprocess.run([sys.executable, str(script)], env={**env, "QKSTUDY_TRAINING_USERNAME": admin},
-                          capture_output=True, timeout=120).returncode == 2
+    assert (
+        subprocess.run(
+            [sys.executable, str(script)], env={**env, "QKSTUDY_TRAINING_USERNAME": admin}, capture_output=True, timeout=120
+        ).returncode
+        == 2
+    )
 
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", admin)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", admin_password)

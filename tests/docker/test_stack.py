@@ -65,8 +65,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(argv: list[str], *, env: dict[str, str], cwd: Path = REPO, timeout: float = 900,
-        log: Path | None = None) -> subprocess.CompletedProcess:
+def run(
+    argv: list[str], *, env: dict[str, str], cwd: Path = REPO, timeout: float = 900, log: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run a command; with `log`, its output goes there (builds are long) and the tail is kept."""
     if log is None:
         return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
@@ -88,8 +89,7 @@ def project_objects(docker: str, project: str) -> dict[str, list[str]]:
     """Containers, networks and volumes compose created for `project`."""
     label = f"label=com.docker.compose.project={project}"
     found = {}
-    for kind, cmd in (("containers", ["ps", "-aq"]), ("networks", ["network", "ls", "-q"]),
-                      ("volumes", ["volume", "ls", "-q"])):
+    for kind, cmd in (("containers", ["ps", "-aq"]), ("networks", ["network", "ls", "-q"]), ("volumes", ["volume", "ls", "-q"])):
         out = subprocess.run([docker, *cmd, "--filter", label], capture_output=True, text=True, timeout=60).stdout
         found[kind] = out.split()
     return found
@@ -106,10 +106,16 @@ def stack(docker_engine, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
     project = f"qkstudy-test-{secrets.token_hex(3)}"
     ports = {"RAY_DASHBOARD_PORT": free_port(), "MLFLOW_PORT": free_port()}
-    values = {"COMPOSE_PROJECT_NAME": project, "MLFLOW_ADMIN_PASSWORD": secrets.token_urlsafe(24),
-              "QKSTUDY_TRAINING_PASSWORD": secrets.token_urlsafe(24), "RAY_AUTH_TOKEN": secrets.token_hex(32),
-              "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_urlsafe(32), "POSTGRES_PASSWORD": secrets.token_urlsafe(24),
-              "RAY_SHM_SIZE": "1gb", **{k: str(v) for k, v in ports.items()}}
+    values = {
+        "COMPOSE_PROJECT_NAME": project,
+        "MLFLOW_ADMIN_PASSWORD": secrets.token_urlsafe(24),
+        "QKSTUDY_TRAINING_PASSWORD": secrets.token_urlsafe(24),
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_urlsafe(32),
+        "POSTGRES_PASSWORD": secrets.token_urlsafe(24),
+        "RAY_SHM_SIZE": "1gb",
+        **{k: str(v) for k, v in ports.items()},
+    }
     lines = []
     for line in (REPO / "docker" / ".env.example").read_text().splitlines():
         key = line.partition("=")[0]
@@ -119,26 +125,36 @@ def stack(docker_engine, tmp_path_factory):
     env = {**os.environ, "ENV_FILE": str(env_file)}
     env.pop("RAY_ADDRESS", None)
     example = dict(line.partition("=")[::2] for line in lines if "=" in line and not line.startswith("#"))
-    info = {"project": project, "env_file": env_file, "tmp": tmp, "docker": docker_engine,
-            "dashboard": f"http://127.0.0.1:{ports['RAY_DASHBOARD_PORT']}",
-            "mlflow": f"http://127.0.0.1:{ports['MLFLOW_PORT']}", "values": example}
+    info = {
+        "project": project,
+        "env_file": env_file,
+        "tmp": tmp,
+        "docker": docker_engine,
+        "dashboard": f"http://127.0.0.1:{ports['RAY_DASHBOARD_PORT']}",
+        "mlflow": f"http://127.0.0.1:{ports['MLFLOW_PORT']}",
+        "values": example,
+    }
     # The user's shell: Ray token for submit/status/logs, the MLflow admin for status/report.
-    info["env"] = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_AUTH_MODE": "token",
-                   "RAY_AUTH_TOKEN": values["RAY_AUTH_TOKEN"], "MLFLOW_TRACKING_USERNAME": example["MLFLOW_ADMIN_USERNAME"],
-                   "MLFLOW_TRACKING_PASSWORD": values["MLFLOW_ADMIN_PASSWORD"]}
+    info["env"] = {
+        **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": values["RAY_AUTH_TOKEN"],
+        "MLFLOW_TRACKING_USERNAME": example["MLFLOW_ADMIN_USERNAME"],
+        "MLFLOW_TRACKING_PASSWORD": values["MLFLOW_ADMIN_PASSWORD"],
+    }
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
     t_start = time.monotonic()
     try:
         # Placeholders are refused before anything starts.
         placeholder = tmp / "placeholder.env"
-        placeholder.write_text((REPO / "docker" / ".env.example").read_text().replace(
-            "COMPOSE_PROJECT_NAME=qkstudy", f"COMPOSE_PROJECT_NAME={project}"))
+        placeholder.write_text(
+            (REPO / "docker" / ".env.example").read_text().replace("COMPOSE_PROJECT_NAME=qkstudy", f"COMPOSE_PROJECT_NAME={project}")
+        )
         res = run(["docker/stack.sh", "up"], env={**env, "ENV_FILE": str(placeholder)})
         assert res.returncode == 2 and "RAY_AUTH_TOKEN is still a placeholder" in res.stderr, res.stderr
         assert project_objects(docker_engine, project)["containers"] == []
 
-        res = timed("make stack-up", run, ["make", "stack-up", f"ENV_FILE={env_file}"], env=env,
-                    timeout=3600, log=tmp / "stack-up.log")
+        res = timed("make stack-up", run, ["make", "stack-up", f"ENV_FILE={env_file}"], env=env, timeout=3600, log=tmp / "stack-up.log")
         assert res.returncode == 0, res.stdout
         yield info
     finally:
@@ -173,8 +189,19 @@ def train_runs(client) -> list:
 
 
 def container(stack: dict, service: str) -> str:
-    res = subprocess.run([stack["docker"], "ps", "-aq", "--filter", f"label=com.docker.compose.project={stack['project']}",
-                          "--filter", f"label=com.docker.compose.service={service}"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            stack["docker"],
+            "ps",
+            "-aq",
+            "--filter",
+            f"label=com.docker.compose.project={stack['project']}",
+            "--filter",
+            f"label=com.docker.compose.service={service}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     (cid,) = res.stdout.split()
     return cid
 
@@ -281,18 +308,24 @@ def test_runs_logged_as_the_training_account_and_nodes_hold_no_server_secret(stu
     values = stack["values"]
     mlflow_client(stack)  # admin credentials in the environment
     exp = mlflow_client(stack).get_experiment_by_name(STUDY)
-    perm = AuthServiceClient(stack["mlflow"]).get_user_permission(values["QKSTUDY_TRAINING_USERNAME"], "experiment",
-                                                                  exp.experiment_id)
+    perm = AuthServiceClient(stack["mlflow"]).get_user_permission(values["QKSTUDY_TRAINING_USERNAME"], "experiment", exp.experiment_id)
     assert perm.permission == "MANAGE"  # the creator: training created the experiment
     assert AuthServiceClient(stack["mlflow"]).get_user(values["QKSTUDY_TRAINING_USERNAME"]).is_admin is False
     for service in ("ray-head", "ray-worker"):
-        env = subprocess.run([stack["docker"], "inspect", "--format", "{{json .Config.Env}}", container(stack, service)],
-                             capture_output=True, text=True, check=True).stdout
+        env = subprocess.run(
+            [stack["docker"], "inspect", "--format", "{{json .Config.Env}}", container(stack, service)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for secret in ("MLFLOW_ADMIN_PASSWORD", "POSTGRES_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"):
             assert values[secret] not in env, (service, secret)
         # DeepSpeed's op was prebuilt: nothing was JIT-compiled on the node.
-        ls = subprocess.run([stack["docker"], "exec", container(stack, service), "ls", "/home/qkstudy/.cache/torch_extensions"],
-                            capture_output=True, text=True)
+        ls = subprocess.run(
+            [stack["docker"], "exec", container(stack, service), "ls", "/home/qkstudy/.cache/torch_extensions"],
+            capture_output=True,
+            text=True,
+        )
         assert ls.returncode != 0, ls.stdout
 
 

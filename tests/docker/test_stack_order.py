@@ -15,8 +15,14 @@ FILES = ["tests/docker/test_stack.py", "tests/orchestrator/test_e2e.py", "tests/
 
 def collected(*extra: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "QKSTUDY_STACK_TEST"}
-    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *extra, *FILES],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *extra, *FILES],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return [line.split("::")[0] for line in res.stdout.splitlines() if "::" in line]
 

@@ -1,4 +1,5 @@
 """Shared helpers for the model tests."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,4 +20,3 @@ def make_model():
         return model.eval()
 
     return _make
-

@@ -6,8 +6,17 @@ from model.timing import StepOptions
 
 
 def test_run_bench_reports_ratios_against_standard():
-    results = run_bench("cpu-xs", ["coupled:n_steps=2", "differential"], repeats=2, steps=1,
-                        batch_size=2, vocab_size=128, seq_len=32, device="cpu", peak_tflops=1.0)
+    results = run_bench(
+        "cpu-xs",
+        ["coupled:n_steps=2", "differential"],
+        repeats=2,
+        steps=1,
+        batch_size=2,
+        vocab_size=128,
+        seq_len=32,
+        device="cpu",
+        peak_tflops=1.0,
+    )
     assert [r.spec for r in results] == ["standard", "coupled:n_steps=2", "differential"]
     assert results[0].ratio == results[0].cpu_ratio == results[0].flop_ratio == results[0].best_ratio == 1.0
     assert results[0].ratio_iqr == (1.0, 1.0) and results[1].ratio_iqr[0] <= results[1].ratio_iqr[1]
@@ -22,8 +31,25 @@ def test_run_bench_reports_ratios_against_standard():
 def test_main_appends_a_dated_table(tmp_path, capsys):
     out = tmp_path / "BENCHMARKS.md"
     out.write_text("# Benchmarks\n\nearlier section\n")
-    args = ["--preset", "cpu-xs", "--variants", "standard", "uncoupled_mlp", "--repeats", "1",
-            "--steps", "1", "--batch-size", "1", "--seq-len", "16", "--vocab-size", "64", "--out", str(out)]
+    args = [
+        "--preset",
+        "cpu-xs",
+        "--variants",
+        "standard",
+        "uncoupled_mlp",
+        "--repeats",
+        "1",
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "16",
+        "--vocab-size",
+        "64",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     text = out.read_text()
     assert text.startswith("# Benchmarks\n\nearlier section\n\n## benchmarks.model_steps: preset cpu-xs, ")
@@ -44,11 +70,20 @@ def test_append_markdown_creates_file(tmp_path):
 
 
 def test_spec_impl_overrides_the_default_and_is_validated():
-    results = run_bench("cpu-xs", ["coupled:impl=eager", "uncoupled_mlp"], repeats=1, steps=1, batch_size=1,
-                        vocab_size=64, seq_len=16, device="cpu", peak_tflops=None, warmup=1,
-                        options=StepOptions(impl="fused"))
-    assert [(r.spec, r.impl) for r in results] == [("standard", "-"), ("coupled:impl=eager", "eager"),
-                                                   ("uncoupled_mlp", "fused")]
+    results = run_bench(
+        "cpu-xs",
+        ["coupled:impl=eager", "uncoupled_mlp"],
+        repeats=1,
+        steps=1,
+        batch_size=1,
+        vocab_size=64,
+        seq_len=16,
+        device="cpu",
+        peak_tflops=None,
+        warmup=1,
+        options=StepOptions(impl="fused"),
+    )
+    assert [(r.spec, r.impl) for r in results] == [("standard", "-"), ("coupled:impl=eager", "eager"), ("uncoupled_mlp", "fused")]
     with pytest.raises(ValueError, match="allowed: auto, eager, fused, compile"):
         run_bench("cpu-xs", ["coupled:impl=cuda"], 1, 1, 1, 64, 16, "cpu", None)
 

@@ -73,16 +73,14 @@ def test_standard_flops_match_closed_form():
     L, d, T, V = cfg.n_layer, cfg.d_model, cfg.seq_len, cfg.vocab_size
     # per layer: QKV 6d^2, out 2d^2, MLP 16d^2 (matmul FLOPs), scores + AV 4*T*d; LM head 2dV
     assert count_model(cfg).flops_per_token_fwd == L * (24 * d * d + 4 * T * d) + 2 * d * V
-    assert GPT(build_config("cpu-xs", "standard")).num_flops_per_token(seq_len=16) == (
-        3 * (24 * 128**2 + 4 * 16 * 128) + 2 * 128 * 32_000)
+    assert GPT(build_config("cpu-xs", "standard")).num_flops_per_token(seq_len=16) == (3 * (24 * 128**2 + 4 * 16 * 128) + 2 * 128 * 32_000)
 
 
 def test_coupled_flops_count_f_per_head_per_evaluation():
     base = count_model(build_config("cpu-s", "standard", vocab_size=100)).flops_per_token_fwd
     L, H, hd = 5, 6, 32
     for integrator, n_steps, evals in [("euler", 3, 3), ("leapfrog", 3, 4)]:
-        cfg = build_config("cpu-s", "coupled", vocab_size=100, integrator=integrator,
-                           n_steps=n_steps, coupling_hidden=48)
+        cfg = build_config("cpu-s", "coupled", vocab_size=100, integrator=integrator, n_steps=n_steps, coupling_hidden=48)
         extra = count_model(cfg).flops_per_token_fwd - base
         assert extra == L * evals * H * 2 * (2 * hd * 48)
 

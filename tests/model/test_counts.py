@@ -13,10 +13,13 @@ from model.counts import count_instantiated
 from model.gpt import GPT
 
 OPTION_GRID = {
-    "coupled": [dict(integrator=i, n_steps=n, coupling_hidden=h, coupling_sharing=s)
-                for i, n, h, s in itertools.product(("euler", "leapfrog"), (1, 3), (None, 48), ("layer", "head"))],
-    "uncoupled_mlp": [dict(n_steps=n, coupling_hidden=h, coupling_sharing=s)
-                      for n, h, s in itertools.product((1, 2), (None, 16), ("layer", "head"))],
+    "coupled": [
+        dict(integrator=i, n_steps=n, coupling_hidden=h, coupling_sharing=s)
+        for i, n, h, s in itertools.product(("euler", "leapfrog"), (1, 3), (None, 48), ("layer", "head"))
+    ],
+    "uncoupled_mlp": [
+        dict(n_steps=n, coupling_hidden=h, coupling_sharing=s) for n, h, s in itertools.product((1, 2), (None, 16), ("layer", "head"))
+    ],
 }
 OPTION_GRID["coupled_differential"] = OPTION_GRID["coupled"]
 
@@ -83,8 +86,10 @@ def _unbuildable(*args, **kwargs):
 
 
 def test_counting_imports_no_torch():
-    code = ("import sys\nfrom model import PRESETS, VARIANTS, build_config, count_model\n"
-            "[count_model(build_config(p, v)) for p in PRESETS for v in VARIANTS]\n"
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    code = (
+        "import sys\nfrom model import PRESETS, VARIANTS, build_config, count_model\n"
+        "[count_model(build_config(p, v)) for p in PRESETS for v in VARIANTS]\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -1,6 +1,7 @@
 """The QK transforms on their own: integrator algebra, invertibility, volume, f evaluations.
 
 Each property is checked for the eager reference and the fused path (`model.fused_qk`)."""
+
 import pytest
 import torch
 from torch.autograd.functional import jacobian
@@ -16,8 +17,7 @@ H, D = 2, 3  # small dimensions: the full Jacobian is 12 x 12
 
 def make(integrator: str, n_steps: int = 1, sharing: str = "head", dt: float = 0.7, impl: str = "fused") -> CoupledQK:
     torch.manual_seed(0)
-    tr = CoupledQK(n_head=H, head_dim=D, hidden=5, sharing=sharing, n_steps=n_steps,
-                   dt_init=dt, integrator=integrator).double()
+    tr = CoupledQK(n_head=H, head_dim=D, hidden=5, sharing=sharing, n_steps=n_steps, dt_init=dt, integrator=integrator).double()
     tr.impl = impl
     with torch.no_grad():
         tr.dt.copy_(torch.tensor([[dt], [-0.4]], dtype=torch.float64))  # per-head, one negative
@@ -72,7 +72,7 @@ def _jacobian_det(tr: CoupledQK) -> float:
     q, k = qk(shape=(1, 1, H, D))
 
     def flat(z: torch.Tensor) -> torch.Tensor:
-        out = tr(z[: H * D].view(1, 1, H, D), z[H * D:].view(1, 1, H, D))
+        out = tr(z[: H * D].view(1, 1, H, D), z[H * D :].view(1, 1, H, D))
         return torch.cat([out[0].reshape(-1), out[1].reshape(-1)])
 
     return torch.linalg.det(jacobian(flat, torch.cat([q.reshape(-1), k.reshape(-1)]))).item()
@@ -86,8 +86,7 @@ def test_leapfrog_preserves_volume_and_euler_does_not(n_steps, sharing, impl):
 
 
 @pytest.mark.parametrize("impl, evaluate", [("eager", "model.coupled.mlp"), ("fused", "model.fused_qk._f_forward")])
-@pytest.mark.parametrize("integrator, n_steps, evaluations", [
-    ("euler", 1, 1), ("euler", 5, 5), ("leapfrog", 1, 2), ("leapfrog", 7, 8)])
+@pytest.mark.parametrize("integrator, n_steps, evaluations", [("euler", 1, 1), ("euler", 5, 5), ("leapfrog", 1, 2), ("leapfrog", 7, 8)])
 def test_f_evaluations_per_forward(integrator, n_steps, evaluations, impl, evaluate, monkeypatch):
     tr = make(integrator, n_steps, impl=impl)
     calls = []

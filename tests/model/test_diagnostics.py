@@ -44,8 +44,12 @@ def test_diagnostics_keys_and_ranges(make_model, variant):
     d = attention_diagnostics(model, torch.randint(0, 97, (3, T)))
     L = model.cfg.n_layer
     names = ("entropy", "effective_rank", "spectral_gap")
-    assert set(d) == ({f"attn/{n}" for n in names} | {f"attn/{n}/std" for n in names}
-                      | {f"attn/{n}/layer_{i}" for n in names for i in range(L)} | {"attn/probe_windows"})
+    assert set(d) == (
+        {f"attn/{n}" for n in names}
+        | {f"attn/{n}/std" for n in names}
+        | {f"attn/{n}/layer_{i}" for n in names for i in range(L)}
+        | {"attn/probe_windows"}
+    )
     assert model.training  # mode restored
     assert d["attn/probe_windows"] == 3
     for n in names:
@@ -62,7 +66,7 @@ def test_probe_of_many_windows_gives_mean_and_spread_over_windows(make_model):
     model = make_model("coupled_differential")
     idx = torch.randint(0, 97, (PROBE_WINDOWS, 16), generator=torch.Generator().manual_seed(2))
     d = attention_diagnostics(model, idx, batch_size=5)
-    singles = [attention_diagnostics(model, idx[i:i + 1]) for i in range(PROBE_WINDOWS)]
+    singles = [attention_diagnostics(model, idx[i : i + 1]) for i in range(PROBE_WINDOWS)]
     for n in ("entropy", "effective_rank", "spectral_gap"):
         values = torch.tensor([s[f"attn/{n}"] for s in singles], dtype=torch.float64)
         assert d[f"attn/{n}"] == pytest.approx(values.mean().item(), rel=1e-9)

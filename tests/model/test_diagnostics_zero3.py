@@ -6,6 +6,7 @@ must refuse (they used to read lambda_init silently); with
 gather=deepspeed.zero.GatheredParameters they must equal the unpartitioned model's.
 Runs in a subprocess: it initialises torch.distributed, which is process-global.
 """
+
 import json
 import socket
 import subprocess

@@ -1,4 +1,5 @@
 """Differential attention against a direct, unfused computation of its definition."""
+
 import math
 
 import pytest
@@ -24,10 +25,9 @@ def reference_layer(attn, x: torch.Tensor) -> torch.Tensor:
     q, k = attn.qk_transform(q.view(B, T, 2 * H, hd), k.view(B, T, 2 * H, hd))
     q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, 2H, T, hd]
     v = v.view(B, T, H, 2 * hd).transpose(1, 2)  # [B, H, T, 2hd]
-    w = (q * hd ** -0.5) @ k.transpose(-1, -2)
+    w = (q * hd**-0.5) @ k.transpose(-1, -2)
     w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
-    lam = (torch.exp((sc.lambda_q1 * sc.lambda_k1).sum()) - torch.exp((sc.lambda_q2 * sc.lambda_k2).sum())
-           + sc.lambda_init)
+    lam = torch.exp((sc.lambda_q1 * sc.lambda_k1).sum()) - torch.exp((sc.lambda_q2 * sc.lambda_k2).sum()) + sc.lambda_init
     w = w.view(B, H, 2, T, T)
     a = (w[:, :, 0] - lam * w[:, :, 1]) @ v  # [B, H, T, 2hd]
     a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5) * sc.subln.weight

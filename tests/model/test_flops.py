@@ -1,5 +1,6 @@
 """Analytic FLOPs against torch's FlopCounterMode: totals, and the variant-minus-standard
 deltas that isolate what each variant adds (with negative controls)."""
+
 import dataclasses
 import itertools
 
@@ -27,11 +28,14 @@ def test_analytic_flops_agree_with_flop_counter(preset, seq_len, variant):
     assert info["flops_per_token_measured"] == pytest.approx(info["executed_flops_per_token"], rel=1e-9)
 
 
-@pytest.mark.parametrize("variant, options", [
-    ("coupled", dict(integrator="leapfrog", n_steps=4, coupling_sharing="head", coupling_hidden=48)),
-    ("uncoupled_mlp", dict(n_steps=3, coupling_sharing="head")),
-    ("coupled_differential", dict(integrator="euler", n_steps=2, coupling_hidden=16)),
-])
+@pytest.mark.parametrize(
+    "variant, options",
+    [
+        ("coupled", dict(integrator="leapfrog", n_steps=4, coupling_sharing="head", coupling_hidden=48)),
+        ("uncoupled_mlp", dict(n_steps=3, coupling_sharing="head")),
+        ("coupled_differential", dict(integrator="euler", n_steps=2, coupling_hidden=16)),
+    ],
+)
 def test_analytic_flops_agree_with_flop_counter_for_options(variant, options):
     info = model_info("cpu-xs", variant, seq_len=64, vocab_size=500, **options)
     assert info["flops_per_token_measured"] == pytest.approx(info["executed_flops_per_token"], rel=1e-9)
@@ -64,10 +68,14 @@ def test_flop_delta_of_each_variant_at_default_options(variant):
     assert check.analytic > 0
 
 
-GRID = [("coupled", dict(n_steps=n, integrator=i, coupling_sharing=s, coupling_hidden=h))
-        for n, i, s, h in itertools.product((1, 2, 3), ("euler", "leapfrog"), ("layer", "head"), (None, 48))]
-GRID += [("uncoupled_mlp", dict(n_steps=n, coupling_sharing=s, coupling_hidden=h))
-         for n, s, h in itertools.product((1, 2, 3), ("layer", "head"), (None, 48))]
+GRID = [
+    ("coupled", dict(n_steps=n, integrator=i, coupling_sharing=s, coupling_hidden=h))
+    for n, i, s, h in itertools.product((1, 2, 3), ("euler", "leapfrog"), ("layer", "head"), (None, 48))
+]
+GRID += [
+    ("uncoupled_mlp", dict(n_steps=n, coupling_sharing=s, coupling_hidden=h))
+    for n, s, h in itertools.product((1, 2, 3), ("layer", "head"), (None, 48))
+]
 GRID += [("coupled_differential", dict(n_steps=n, integrator=i)) for n, i in itertools.product((1, 3), ("euler", "leapfrog"))]
 
 
@@ -92,8 +100,7 @@ def test_flop_delta_check_catches_wrong_counts(monkeypatch):
         wrong = check_flop_delta(leapfrog)
         assert not wrong.ok and wrong.measured > wrong.analytic
     with monkeypatch.context() as m:  # the coupling network's FLOPs dropped entirely
-        _with_counts(m, "coupled", lambda c: coupled_counts(c)._replace(flops_per_token_fwd=0,
-                                                                              executed_flops_per_token_fwd=0))
+        _with_counts(m, "coupled", lambda c: coupled_counts(c)._replace(flops_per_token_fwd=0, executed_flops_per_token_fwd=0))
         assert not check_flop_delta(_cfg("coupled")).ok
         total = model_info("cpu-xs", "coupled")  # 32k vocabulary: the LM head dominates
         assert total["flops_per_token_measured"] == pytest.approx(total["flops_per_token"], rel=0.02)
@@ -104,8 +111,17 @@ def test_flop_delta_check_catches_wrong_counts(monkeypatch):
 
 def test_info_keys_and_bad_preset():
     info = model_info("cpu-xs", "coupled", vocab_size=300, n_steps=2)
-    assert set(info) == {"preset", "variant", "seq_len", "vocab_size", "n_params", "n_params_total",
-                         "flops_per_token", "executed_flops_per_token", "flops_per_token_measured"}
+    assert set(info) == {
+        "preset",
+        "variant",
+        "seq_len",
+        "vocab_size",
+        "n_params",
+        "n_params_total",
+        "flops_per_token",
+        "executed_flops_per_token",
+        "flops_per_token_measured",
+    }
     assert info["n_params"] < info["n_params_total"]
     assert info["executed_flops_per_token"] == info["flops_per_token"]
     with pytest.raises(ValueError, match="unknown preset 'xl'"):

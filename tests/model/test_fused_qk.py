@@ -6,6 +6,7 @@ against eager for each learned-transform variant, both integrators, both f shari
 several steps. Compiled: the transform against eager per integrator (inductor on CPU).
 Negative controls: the same comparisons fail for a dropped dt gradient and a perturbed dt.
 """
+
 import pytest
 import torch
 
@@ -27,8 +28,9 @@ def _inputs(groups: int, seed: int = 0):
 
 
 @pytest.mark.parametrize("groups", [1, H])
-@pytest.mark.parametrize("flow, n_steps", [("euler", 1), ("euler", 3), ("leapfrog", 1), ("leapfrog", 3),
-                                           ("uncoupled", 1), ("uncoupled", 2)])
+@pytest.mark.parametrize(
+    "flow, n_steps", [("euler", 1), ("euler", 3), ("leapfrog", 1), ("leapfrog", 3), ("uncoupled", 1), ("uncoupled", 2)]
+)
 def test_fused_backward_passes_gradcheck(flow, n_steps, groups):
     qkv, dt, w = _inputs(groups)
 
@@ -69,11 +71,16 @@ def _compare(variant: str, impl: str, **options) -> None:
     _assert_same(_loss_and_grads(m, IDX), want)
 
 
-CASES = [("coupled", {}), ("coupled", {"integrator": "leapfrog"}),
-         ("coupled", {"n_steps": 3, "coupling_sharing": "head"}),
-         ("coupled", {"integrator": "leapfrog", "n_steps": 2, "coupling_sharing": "head", "coupling_hidden": 24}),
-         ("uncoupled_mlp", {}), ("uncoupled_mlp", {"n_steps": 2, "coupling_sharing": "head"}),
-         ("coupled_differential", {}), ("coupled_differential", {"integrator": "leapfrog", "n_steps": 2})]
+CASES = [
+    ("coupled", {}),
+    ("coupled", {"integrator": "leapfrog"}),
+    ("coupled", {"n_steps": 3, "coupling_sharing": "head"}),
+    ("coupled", {"integrator": "leapfrog", "n_steps": 2, "coupling_sharing": "head", "coupling_hidden": 24}),
+    ("uncoupled_mlp", {}),
+    ("uncoupled_mlp", {"n_steps": 2, "coupling_sharing": "head"}),
+    ("coupled_differential", {}),
+    ("coupled_differential", {"integrator": "leapfrog", "n_steps": 2}),
+]
 
 
 @pytest.mark.parametrize("variant, options", CASES)

@@ -7,6 +7,7 @@ calling f: DeepSpeed gathers a partitioned parameter on attribute access inside 
 engine must give the unpartitioned eager model's loss and gradients.
 Runs in a subprocess: it initialises torch.distributed, which is process-global.
 """
+
 import json
 import socket
 import subprocess

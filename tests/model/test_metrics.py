@@ -45,7 +45,7 @@ def test_sums_over_batches_equal_the_whole():
     targets[torch.rand(6, 7, generator=g) < 0.5] = -100
     targets[0] = logits[0].argmax(-1)  # at least one fully correct row, so correct > 0
     whole = token_accuracy(logits, targets)
-    parts = [token_accuracy(logits[i:i + 2], targets[i:i + 2]) for i in range(0, 6, 2)]
+    parts = [token_accuracy(logits[i : i + 2], targets[i : i + 2]) for i in range(0, 6, 2)]
     assert sum(c for c, _ in parts).item() == whole[0].item() >= 7
     assert sum(n for _, n in parts).item() == whole[1].item() == int((targets != -100).sum())
     expected = sum(int(logits[b, t].argmax() == targets[b, t]) for b in range(6) for t in range(7))

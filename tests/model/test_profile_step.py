@@ -10,8 +10,7 @@ from benchmarks.profile_step import OpTime, format_gap, main, median_per_op, pro
 
 
 def test_format_gap_attributes_a_known_gap():
-    ops = [OpTime("aten::silu", 0.0, 3.0), OpTime("aten::mm", 10.0, 11.0), OpTime("aten::add", 2.0, 2.0),
-           OpTime("aten::fill_", 1.0, 0.0)]
+    ops = [OpTime("aten::silu", 0.0, 3.0), OpTime("aten::mm", 10.0, 11.0), OpTime("aten::add", 2.0, 2.0), OpTime("aten::fill_", 1.0, 0.0)]
     text = format_gap(sorted(ops, key=lambda o: -abs(o.diff_ms)), "coupled", top=2)
     assert "| `aten::silu` | 0.00 | 3.00 | +3.00 | 100% |" in text  # gap 3 ms: silu 3, mm 1, fill -1
     assert "| `aten::mm` | 10.00 | 11.00 | +1.00 | 33% |" in text

@@ -1,5 +1,6 @@
 """The variant registry: a variant defined entirely in this file is built, counted and
 cross-checked by the unchanged model code; bad names and options list what is allowed."""
+
 import pytest
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -86,8 +87,11 @@ def test_unknown_variant_and_option_errors_list_allowed_values():
         build_config("cpu-xs", "fancy")
     with pytest.raises(ValueError, match="unknown variant 'fancy'"):
         ModelConfig(vocab_size=10, seq_len=8, n_layer=1, d_model=32, n_head=2, variant="fancy")
-    with pytest.raises(ValueError, match=r"option\(s\) integrator not valid for variant 'uncoupled_mlp'; "
-                                         r"allowed: n_steps=1, coupling_hidden=None, coupling_sharing='layer', dt_init=0.1$"):
+    with pytest.raises(
+        ValueError,
+        match=r"option\(s\) integrator not valid for variant 'uncoupled_mlp'; "
+        r"allowed: n_steps=1, coupling_hidden=None, coupling_sharing='layer', dt_init=0.1$",
+    ):
         build_config("cpu-xs", "uncoupled_mlp", integrator="euler")
     with pytest.raises(ValueError, match="not valid for variant 'standard'; allowed: none"):
         ModelConfig(vocab_size=10, seq_len=8, n_layer=1, d_model=32, n_head=2, n_steps=2)

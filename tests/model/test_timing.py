@@ -12,7 +12,9 @@ from model.timing import StepOptions, build_runs, parse_variant, timed_steps, to
 def test_parse_variant():
     assert parse_variant("standard") == ("standard", {})
     assert parse_variant("coupled:integrator=leapfrog,n_steps=2,dt_init=0.5,coupling_hidden=None") == (
-        "coupled", {"integrator": "leapfrog", "n_steps": 2, "dt_init": 0.5, "coupling_hidden": None})
+        "coupled",
+        {"integrator": "leapfrog", "n_steps": 2, "dt_init": 0.5, "coupling_hidden": None},
+    )
     with pytest.raises(ValueError, match="not key=value"):
         parse_variant("coupled:leapfrog")
 
@@ -26,8 +28,7 @@ def test_step_options_enter_autocast_and_the_flash_backend():
 
 
 def test_tokens_per_second_of_every_spec_standard_first():
-    tps = tokens_per_second("cpu-xs", ["coupled:n_steps=2", "standard"], steps=1, batch_size=2, vocab_size=64,
-                            seq_len=16, device="cpu")
+    tps = tokens_per_second("cpu-xs", ["coupled:n_steps=2", "standard"], steps=1, batch_size=2, vocab_size=64, seq_len=16, device="cpu")
     assert list(tps) == ["standard", "coupled:n_steps=2"]
     assert all(0 < v < math.inf for v in tps.values())  # 32 tokens over one step's seconds (a loaded machine: slow)
     with pytest.raises(ValueError, match="unknown variant 'nope'"):

@@ -1,4 +1,5 @@
 """Behaviour shared by every variant: shapes, loss, causality, determinism, gradients."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,8 +63,13 @@ def test_init_is_deterministic_given_seed(make_model, variant):
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
 
 
-PAIRED = [("coupled", dict(integrator="euler")), ("coupled", dict(integrator="leapfrog")), ("uncoupled_mlp", {}),
-          ("differential", {}), ("coupled_differential", {})]
+PAIRED = [
+    ("coupled", dict(integrator="euler")),
+    ("coupled", dict(integrator="leapfrog")),
+    ("uncoupled_mlp", {}),
+    ("differential", {}),
+    ("coupled_differential", {}),
+]
 
 
 def _cfg(variant: str, **options):
@@ -103,24 +109,25 @@ def test_variants_sharing_a_stage_share_its_initial_values():
     assert any("lambda_q1" in n for n in lam)
     for n in lam:
         assert torch.equal(diff.get_parameter(n), both.get_parameter(n)), n
-    assert not torch.equal(GPT(_cfg("differential"), seed=6).blocks[0].attn.scoring.lambda_q1,
-                           diff.blocks[0].attn.scoring.lambda_q1)
+    assert not torch.equal(GPT(_cfg("differential"), seed=6).blocks[0].attn.scoring.lambda_q1, diff.blocks[0].attn.scoring.lambda_q1)
 
 
 def _as_standard(model: GPT) -> GPT:
     """A standard model carrying every weight `model` shares with standard attention."""
     std = GPT(model.cfg.model_copy(update=dict(variant="standard"))).eval()
-    missing = std.load_state_dict(
-        {k: v for k, v in model.state_dict().items() if k in std.state_dict()}, strict=True)
+    missing = std.load_state_dict({k: v for k, v in model.state_dict().items() if k in std.state_dict()}, strict=True)
     assert not missing.missing_keys
     return std
 
 
-@pytest.mark.parametrize("variant, options", [
-    ("coupled", dict(integrator="euler", n_steps=2)),
-    ("coupled", dict(integrator="leapfrog", n_steps=3)),
-    ("uncoupled_mlp", dict(n_steps=2, coupling_sharing="head")),
-])
+@pytest.mark.parametrize(
+    "variant, options",
+    [
+        ("coupled", dict(integrator="euler", n_steps=2)),
+        ("coupled", dict(integrator="leapfrog", n_steps=3)),
+        ("uncoupled_mlp", dict(n_steps=2, coupling_sharing="head")),
+    ],
+)
 def test_dt_zero_recovers_standard_attention(make_model, variant, options):
     model = make_model(variant, **options)
     idx = torch.randint(0, VOCAB, (2, 32))
@@ -131,12 +138,15 @@ def test_dt_zero_recovers_standard_attention(make_model, variant, options):
     torch.testing.assert_close(model(idx)[0], _as_standard(model)(idx)[0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("variant, options", [
-    ("coupled", dict(integrator="euler")),
-    ("coupled", dict(integrator="leapfrog", coupling_sharing="head")),
-    ("uncoupled_mlp", {}),
-    ("coupled_differential", {}),
-])
+@pytest.mark.parametrize(
+    "variant, options",
+    [
+        ("coupled", dict(integrator="euler")),
+        ("coupled", dict(integrator="leapfrog", coupling_sharing="head")),
+        ("uncoupled_mlp", {}),
+        ("coupled_differential", {}),
+    ],
+)
 def test_gradients_reach_dt_and_the_coupling_mlp(make_model, variant, options):
     model = make_model(variant, **options).train()
     idx = torch.randint(0, VOCAB, (2, 32))

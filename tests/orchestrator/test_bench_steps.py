@@ -16,8 +16,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("zero_stage,micro_batch", [(0, None), (2, 2)])
 def test_bare_loop_trains_the_stacks_run_step_for_step(local_ray, tmp_path, zero_stage, micro_batch):
-    study = {**bench_study("steps-check", zero_stage, 20, "cpu-xs"), "corpus": {"source": "stdlib", "max_documents": 60},
-             "tokenizer": {"vocab_size": 512}}
+    study = {
+        **bench_study("steps-check", zero_stage, 20, "cpu-xs"),
+        "corpus": {"source": "stdlib", "max_documents": 60},
+        "tokenizer": {"vocab_size": 512},
+    }
     study["train"] = {**study["train"], "log_every_steps": 1, **({"micro_batch": micro_batch} if micro_batch else {})}
     tps, steps_tps, data_path, run = run_stack(study, tmp_path)
     assert tps > 0 and steps_tps > 0 and run.train.micro_batch == (micro_batch or 8)

@@ -34,8 +34,18 @@ def test_plan_json_fields(tmp_path):
     spec.write_text("name: s\nscales: [cpu-xs]\nvariants: [standard, coupled]\nbudget: {tokens: 40960}\nextend: [2]\n")
     rows = json.loads(CliRunner().invoke(app, ["plan", str(spec), "--json"]).output)
     assert [r["variant"] for r in rows] == ["standard", "standard", "coupled"]
-    assert set(rows[0]) >= {"run_id", "variant", "scale", "seed", "extend", "n_params", "n_params_total",
-                            "flops_per_token", "tokens", "total_flops"}
+    assert set(rows[0]) >= {
+        "run_id",
+        "variant",
+        "scale",
+        "seed",
+        "extend",
+        "n_params",
+        "n_params_total",
+        "flops_per_token",
+        "tokens",
+        "total_flops",
+    }
     assert rows[1]["tokens"] == 2 * rows[0]["tokens"]
 
 
@@ -64,24 +74,30 @@ def test_write_runs_refuses_a_file(tmp_path):
 def test_plan_table_estimates_device_hours_from_declared_throughput(tmp_path):
     spec = tmp_path / "s.yaml"
     # 40,960 tokens at 4,096 tokens/s on 2 CPU workers: 10 s x 2 devices = 20/3600 device-hours.
-    spec.write_text("name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {mode: tokens, tokens: 40960, "
-                    "throughput: {standard: 4096}}\nresources: {workers: 2}\n")
+    spec.write_text(
+        "name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {mode: tokens, tokens: 40960, "
+        "throughput: {standard: 4096}}\nresources: {workers: 2}\n"
+    )
     res = CliRunner().invoke(app, ["plan", str(spec)])
     assert res.exit_code == 0, res.output
     assert f"{40960 / 4096 * 2 / 3600:,.1f} device-hours (throughput from the spec)" in res.output
     assert f"{40960 / 4096 * 2 / 3600:.2f}" in res.output  # the run's own column
 
 
-CLUSTER_SPEC = ("name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {tokens: 40960}\n"
-                "tracking_uri: http://mlflow:5000\nstorage_path: /shared/qkstudy/s\n")
+CLUSTER_SPEC = (
+    "name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {tokens: 40960}\n"
+    "tracking_uri: http://mlflow:5000\nstorage_path: /shared/qkstudy/s\n"
+)
 
 
 def test_submit_bad_address_exits_2_without_the_password(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.yaml").write_text(CLUSTER_SPEC)
-    for address, message in (("ftp://alice:s3cret@head:8265", "scheme 'ftp' is not supported"),
-                             ("http://alice:s3cret@head:99999", "is not a valid URL"),
-                             ("http://203.0.113.7:8265", "refusing to submit")):
+    for address, message in (
+        ("ftp://alice:s3cret@head:8265", "scheme 'ftp' is not supported"),
+        ("http://alice:s3cret@head:99999", "is not a valid URL"),
+        ("http://203.0.113.7:8265", "refusing to submit"),
+    ):
         res = CliRunner().invoke(app, ["submit", "s.yaml", "--address", address])
         assert res.exit_code == 2, res.output
         assert message in res.output.replace("\n", "") and "s3cret" not in res.output
@@ -98,20 +114,27 @@ def test_submit_spec_outside_the_working_dir_names_the_spec(tmp_path, monkeypatc
 
 STUDY = "name: s\nscales: [cpu-xs]\nvariants: [standard, coupled]\nbudget: {tokens: 40960}\n"
 BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or extended, and what validate prints
-    "non-positive tuning LR": (STUDY + "tune: {lr: [0.001, 0], tokens: 0.25}\n",
-                               "tune.lr: entry 1 (0.0) is not a positive learning rate"),
-    "branches with cosine": (STUDY + "protocol: branches\nextend: [1.5, 2, 3]\n",
-                             "train.schedule: protocol: branches needs the wsd schedule"),
-    "branches without extend": (STUDY + "protocol: branches\ntrain: {schedule: wsd}\n",
-                                "extend: protocol: branches needs extend multipliers"),
-    "unreachable ladder target": (STUDY.replace("[cpu-xs]", "[cpu-xs, {ladder: {targets: [2.2M, 300], head_dim: 32, "
-                                                              "aspect_ratio: 40}}]"),
-                                  "scales[1].ladder.targets[1]: no shape with head_dim 32 has N within 5% of 300"),
-    "non-dividing shape": (STUDY.replace("[cpu-xs]", "[cpu-xs, {name: w100, n_layer: 2, d_model: 100, n_head: 3}]"),
-                           "scales[1].n_head: d_model=100 is not divisible by n_head=3"),
-    "odd heads for differential": (STUDY.replace("[cpu-xs]", "[{name: w96, n_layer: 2, d_model: 96, n_head: 3}]")
-                                   .replace("coupled]", "differential]"),
-                                   "scales[0].n_head: variant 'differential' pairs heads"),
+    "non-positive tuning LR": (STUDY + "tune: {lr: [0.001, 0], tokens: 0.25}\n", "tune.lr: entry 1 (0.0) is not a positive learning rate"),
+    "branches with cosine": (
+        STUDY + "protocol: branches\nextend: [1.5, 2, 3]\n",
+        "train.schedule: protocol: branches needs the wsd schedule",
+    ),
+    "branches without extend": (
+        STUDY + "protocol: branches\ntrain: {schedule: wsd}\n",
+        "extend: protocol: branches needs extend multipliers",
+    ),
+    "unreachable ladder target": (
+        STUDY.replace("[cpu-xs]", "[cpu-xs, {ladder: {targets: [2.2M, 300], head_dim: 32, aspect_ratio: 40}}]"),
+        "scales[1].ladder.targets[1]: no shape with head_dim 32 has N within 5% of 300",
+    ),
+    "non-dividing shape": (
+        STUDY.replace("[cpu-xs]", "[cpu-xs, {name: w100, n_layer: 2, d_model: 100, n_head: 3}]"),
+        "scales[1].n_head: d_model=100 is not divisible by n_head=3",
+    ),
+    "odd heads for differential": (
+        STUDY.replace("[cpu-xs]", "[{name: w96, n_layer: 2, d_model: 96, n_head: 3}]").replace("coupled]", "differential]"),
+        "scales[0].n_head: variant 'differential' pairs heads",
+    ),
 }
 
 
@@ -140,9 +163,11 @@ def test_plan_prints_the_power_of_its_seeds_with_a_known_answer(tmp_path):
     # test_power) = 0.231 nats. A gap of 0.1 nats is 1.414 sd: MDE(6) = 1.4345 sd > 1.414 > MDE(7) = 1.2726 sd,
     # so 7 seeds (simulated: power 0.79 with 6 seeds, 0.87 with 7).
     text = " ".join(res.output.split())
-    assert ("with 3 seeds and seed std 0.05 nats, the smallest gap detectable at 80% power is 0.231 nats "
-            "(seed-paired t-test, 5% two-sided; sd of the paired differences 0.0707 nats = seed std x sqrt 2); "
-            "a gap of 0.1 nats needs 7 seeds") in text
+    assert (
+        "with 3 seeds and seed std 0.05 nats, the smallest gap detectable at 80% power is 0.231 nats "
+        "(seed-paired t-test, 5% two-sided; sd of the paired differences 0.0707 nats = seed std x sqrt 2); "
+        "a gap of 0.1 nats needs 7 seeds"
+    ) in text
 
 
 def test_plan_power_with_one_seed_and_in_json_mode(tmp_path):

@@ -14,11 +14,14 @@ DEMO = str(Path(__file__).resolve().parents[2] / "jobs" / "cpu-demo.yaml")
 NEVER = {"mlflow", "ray", "pandas", "matplotlib", "deepspeed", "scipy"}
 
 
-@pytest.mark.parametrize("args, code", [(["validate", DEMO], 0), (["plan", DEMO], 0), (["schema"], 0),
-                                        (["validate", "bad.yaml"], 2), (["status", "no-such-study"], 2)])
+@pytest.mark.parametrize(
+    "args, code",
+    [(["validate", DEMO], 0), (["plan", DEMO], 0), (["schema"], 0), (["validate", "bad.yaml"], 2), (["status", "no-such-study"], 2)],
+)
 def test_light_commands_do_not_import_mlflow_ray_or_pandas(args, code, tmp_path):
-    (tmp_path / "bad.yaml").write_text("name: b\nscales: [cpu-xs, {name: w, n_layer: 2, d_model: 100, n_head: 3}]\n"
-                                       "variants: [standard]\nbudget: {tokens: 40960}\n")
+    (tmp_path / "bad.yaml").write_text(
+        "name: b\nscales: [cpu-xs, {name: w, n_layer: 2, d_model: 100, n_head: 3}]\nvariants: [standard]\nbudget: {tokens: 40960}\n"
+    )
     rc, heavy = cli_heavy_modules(args, cwd=tmp_path)
     assert rc == code
     assert not NEVER & set(heavy), heavy

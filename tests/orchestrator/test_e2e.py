@@ -51,8 +51,16 @@ def test_one_finished_mlflow_run_per_planned_run(study):
         assert final.step == p["tokens"] and final.value == pytest.approx(val[-1].value, rel=0.2)
         assert r.data.params["data_hash"] == p["data_hash"] and r.data.params["tokenizer_hash"]
         assert int(r.data.params["n_params"]) == p["n_params"]
-        assert {"train/loss", "lr", "grad_norm", "flops", "time/wall_s", "throughput/tokens_per_s",
-                "attn/entropy", "attn/effective_rank"} <= set(r.data.metrics)
+        assert {
+            "train/loss",
+            "lr",
+            "grad_norm",
+            "flops",
+            "time/wall_s",
+            "throughput/tokens_per_s",
+            "attn/entropy",
+            "attn/effective_rank",
+        } <= set(r.data.metrics)
         m = r.data.metrics  # the time split, logged once at the last step
         parts = [m[f"time/{k}_s"] for k in ("startup", "step", "eval", "checkpoint")]
         assert all(x > 0 for x in parts) and sum(parts) <= m["time/elapsed_s"]
@@ -91,8 +99,9 @@ def test_rerun_of_a_finished_study_decides_from_mlflow_without_ray(tiny_study_co
     """In a fresh process (this one may hold the session's local Ray): ``run_study`` of the
     finished study decides from MLflow alone and never initializes Ray."""
     d, env, plan = tiny_study_copy.folder, tiny_study_copy.env, tiny_study_copy.plan
-    out = subprocess.run([sys.executable, "-c", "import json\n" + RERUN_WITHOUT_RAY], cwd=d, env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", "import json\n" + RERUN_WITHOUT_RAY], cwd=d, env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert not res["ray_started"], "a finished study started Ray"
@@ -121,11 +130,13 @@ def test_report_reads_mlflow_and_is_reproducible(tiny_study_copy):
     assert again == first
 
 
-@pytest.mark.parametrize("case,corpus,expect", [
-    ("too_small", {"source": "text", "paths": ["docs"], "val_fraction": 0.5},
-     "corpus: corpus 'text': the val split has"),
-    ("empty", {"source": "text", "paths": ["empty"]}, "corpus: corpus 'text':"),
-])
+@pytest.mark.parametrize(
+    "case,corpus,expect",
+    [
+        ("too_small", {"source": "text", "paths": ["docs"], "val_fraction": 0.5}, "corpus: corpus 'text': the val split has"),
+        ("empty", {"source": "text", "paths": ["empty"]}, "corpus: corpus 'text':"),
+    ],
+)
 def test_bad_corpus_exits_2_before_mlflow(case, corpus, expect, tmp_path):
     import yaml
 
@@ -134,8 +145,15 @@ def test_bad_corpus_exits_2_before_mlflow(case, corpus, expect, tmp_path):
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text()[:3000]
     for i in range(4):  # ~1,000 tokens each: fewer than one 4,097-token window per split
         (tmp_path / "docs" / f"d{i}.txt").write_text(f"{i}\n{text}")
-    spec = {"name": case, "corpus": corpus, "tokenizer": {"vocab_size": 400}, "scales": ["cpu-xs"],
-            "variants": ["standard"], "budget": {"tokens": 8 * 4096}, "train": {"global_batch": 8, "seq_len": 4096}}
+    spec = {
+        "name": case,
+        "corpus": corpus,
+        "tokenizer": {"vocab_size": 400},
+        "scales": ["cpu-xs"],
+        "variants": ["standard"],
+        "budget": {"tokens": 8 * 4096},
+        "train": {"global_batch": 8, "seq_len": 4096},
+    }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     res = qk("run", "s.yaml", cwd=tmp_path, env=env)

@@ -37,7 +37,7 @@ def test_every_documented_command_and_option_exists():
     assert len(uses) > 20
     for use in uses:
         words = use.split("#")[0].split()
-        name = next((c for c in sorted(commands, key=len, reverse=True) if words[:len(c.split())] == c.split()), None)
+        name = next((c for c in sorted(commands, key=len, reverse=True) if words[: len(c.split())] == c.split()), None)
         assert name is not None, f"README shows `qkstudy {use}`: no such command"
         for opt in re.findall(r"(--[a-z][a-z-]*)", use.split("#")[0]):
             assert opt in commands[name] | {"--help"}, f"README shows `qkstudy {use}`: {name} has no {opt}"

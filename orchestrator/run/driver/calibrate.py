@@ -85,9 +85,13 @@ class Calibration:
 
     def problems(self, max_spread: float) -> list[str]:
         """One line per entry whose spread exceeds ``max_spread``, and one if the node was loaded."""
-        out = [f"{scale}/{v}: spread {sp:.1%} over {self.repeats} repeats (tokens/s per worker from "
-               f"{min(self.samples[scale][v]):,.0f} to {max(self.samples[scale][v]):,.0f}) exceeds {max_spread:.1%}"
-               for scale, row in self.spread.items() for v, sp in row.items() if sp > max_spread]
+        out = [
+            f"{scale}/{v}: spread {sp:.1%} over {self.repeats} repeats (tokens/s per worker from "
+            f"{min(self.samples[scale][v]):,.0f} to {max(self.samples[scale][v]):,.0f}) exceeds {max_spread:.1%}"
+            for scale, row in self.spread.items()
+            for v, sp in row.items()
+            if sp > max_spread
+        ]
         if self.load_avg > self.cpus:
             out.append(f"the calibrating node was loaded: load average {self.load_avg:.2f} > its {self.cpus} CPUs")
         return out
@@ -99,16 +103,23 @@ class Calibration:
 
     def details(self) -> dict[str, Any]:
         """What the calibration file keeps besides the table (``save_calibration``)."""
-        return {"spread": self.spread, "samples_per_worker": self.samples, "load_avg": self.load_avg,
-                "cpus": self.cpus, "repeats": self.repeats, "steps": self.steps}
+        return {
+            "spread": self.spread,
+            "samples_per_worker": self.samples,
+            "load_avg": self.load_avg,
+            "cpus": self.cpus,
+            "repeats": self.repeats,
+            "steps": self.steps,
+        }
 
     def save(self, study: Study) -> Path:
         """Write the table and its details to the study's calibration file; returns its path."""
         return save_calibration(study, self.table, self.details())
 
 
-def judge(cal: Calibration, max_spread: float = DEFAULT_MAX_SPREAD, allow_noisy: bool = False,
-          warn: Callable[[str], None] | None = None) -> list[str]:
+def judge(
+    cal: Calibration, max_spread: float = DEFAULT_MAX_SPREAD, allow_noisy: bool = False, warn: Callable[[str], None] | None = None
+) -> list[str]:
     """The calibration's problems (``Calibration.problems``), each also passed to ``warn``,
     when ``allow_noisy``; [] when there are none.
 
@@ -118,10 +129,12 @@ def judge(cal: Calibration, max_spread: float = DEFAULT_MAX_SPREAD, allow_noisy:
     """
     problems = cal.problems(max_spread)
     if problems and not allow_noisy:
-        raise CalibrationError("calibration too noisy for wall-clock budgets (nothing written):\n  "
-                               + "\n  ".join(problems)
-                               + "\nre-run on a quiet machine, with more --repeats, or pass --allow-noisy "
-                                 "(or a larger --max-spread) to keep it anyway")
+        raise CalibrationError(
+            "calibration too noisy for wall-clock budgets (nothing written):\n  "
+            + "\n  ".join(problems)
+            + "\nre-run on a quiet machine, with more --repeats, or pass --allow-noisy "
+            "(or a larger --max-spread) to keep it anyway"
+        )
     if warn is not None:
         for p in problems:
             warn(p)
@@ -153,8 +166,7 @@ def calibrate(study: Study, *, repeats: int = 7, steps: int = 3) -> Calibration:
     return Calibration(samples, res.workers, out["load_avg"], out["cpus"], repeats, steps)
 
 
-def _bench_all(scales: list[tuple[str, int, int]], specs: list[str], repeats: int, steps: int,
-               vocab: int) -> dict[str, Any]:
+def _bench_all(scales: list[tuple[str, int, int]], specs: list[str], repeats: int, steps: int, vocab: int) -> dict[str, Any]:
     """In one process: ``repeats`` rounds, each timing every (scale, variant) once; returns
     {samples: {scale: [per spec: tokens/s per repeat]}, load_avg, cpus}."""
     import os
@@ -169,7 +181,7 @@ def _bench_all(scales: list[tuple[str, int, int]], specs: list[str], repeats: in
     for r in range(repeats):
         for j in range(len(scales)):
             scale, batch, seq_len = scales[(j + r) % len(scales)]
-            order = specs[r % len(specs):] + specs[:r % len(specs)]
+            order = specs[r % len(specs) :] + specs[: r % len(specs)]
             by_spec = tokens_per_second(scale, order, steps, batch, vocab, seq_len, device, warmup=1)
             for i, s in enumerate(specs):
                 samples[scale][i].append(by_spec[s])

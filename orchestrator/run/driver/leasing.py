@@ -36,13 +36,14 @@ class StudyBusy(LeaseHeld):
 
     def __init__(self, study: str, held: LeaseHeld):
         super().__init__(held.name, held.location, held.holder, held.age_s)
-        self.args = (f"study {study!r} is being run by {held.holder.describe()}: watch it with "
-                     f"`qkstudy status {study}`, or wait for it to end with `qkstudy run --wait`",)
+        self.args = (
+            f"study {study!r} is being run by {held.holder.describe()}: watch it with "
+            f"`qkstudy status {study}`, or wait for it to end with `qkstudy run --wait`",
+        )
 
 
 @contextmanager
-def study_lease(study: str, storage_path: str, console: Console, *, wait: bool = False,
-                timeout_s: float | None = None) -> Iterator[Lease]:
+def study_lease(study: str, storage_path: str, console: Console, *, wait: bool = False, timeout_s: float | None = None) -> Iterator[Lease]:
     """Hold the study lease for the block (released on exit, whatever happens).
 
     ``wait``: poll until the holder ends (or dies), at most ``timeout_s`` (None: no bound).
@@ -53,8 +54,9 @@ def study_lease(study: str, storage_path: str, console: Console, *, wait: bool =
     Raises:
         StudyBusy: a live driver holds it (at once without ``wait``).
     """
-    lease = Lease(storage_path, STUDY_LEASE,
-                  on_lost=lambda why: console.print(f"[yellow]warning[/]: {why}; runs in flight keep their run leases"))
+    lease = Lease(
+        storage_path, STUDY_LEASE, on_lost=lambda why: console.print(f"[yellow]warning[/]: {why}; runs in flight keep their run leases")
+    )
     try:
         lease.acquire(wait=False)
     except LeaseHeld as e:
@@ -93,8 +95,10 @@ def run_leases(items: list[dict[str, Any]], storage_path: str) -> Iterator[tuple
             try:
                 lease.acquire()
             except LeaseHeld as e:
-                held[run_id] = {"status": STATUS_HELD,
-                                "reason": f"its run lease is held by {e.holder.describe()}: another driver trains it"}
+                held[run_id] = {
+                    "status": STATUS_HELD,
+                    "reason": f"its run lease is held by {e.holder.describe()}: another driver trains it",
+                }
                 continue
             if lease.takeover_reason:
                 _warn(f"run {run_id}: {lease.takeover_reason}")

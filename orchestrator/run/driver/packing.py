@@ -49,8 +49,7 @@ def launch_order(runs: list[RunSpec]) -> list[RunSpec]:
 
 def _pack(chunk: list[RunSpec], todo_ids: set[str], named_by_run: bool) -> Pack | None:
     """The pack of ``chunk`` (named as ``Pack`` says) holding its runs in ``todo_ids``, or None."""
-    name = chunk[0].run_id if named_by_run else \
-        "pack-" + hashlib.sha256(",".join(r.run_id for r in chunk).encode()).hexdigest()[:16]
+    name = chunk[0].run_id if named_by_run else "pack-" + hashlib.sha256(",".join(r.run_id for r in chunk).encode()).hexdigest()[:16]
     keep = tuple(r for r in chunk if r.run_id in todo_ids)
     return Pack(name, keep) if keep else None
 
@@ -74,16 +73,22 @@ def make_packs(order: list[RunSpec], todo_ids: set[str]) -> list[Pack]:
     in_family = {r.run_id for f in families for r in f}
     rest = [r for r in order if r.run_id not in in_family]
     size = order[0].resources.runs_per_trainer if order else 1
-    packs += [_pack(rest[i:i + size], todo_ids, named_by_run=size == 1) for i in range(0, len(rest), size)]
+    packs += [_pack(rest[i : i + size], todo_ids, named_by_run=size == 1) for i in range(0, len(rest), size)]
     return [p for p in packs if p is not None]
 
 
 def pack_items(pack: Pack, datasets: dict[str, dict[str, Any]], mlflow_ids: dict[str, str]) -> list[dict[str, Any]]:
     """What ``fit_pack`` hands the workers: [{run (as JSON), data_path, data_hash (the prepared
     data's content hash), mlflow_run_id}] per run."""
-    return [{"run": r.model_dump(mode="json"), "data_path": datasets[r.corpus_name]["path"],
-             "data_hash": datasets[r.corpus_name]["content_hash"], "mlflow_run_id": mlflow_ids[r.run_id]}
-            for r in pack.runs]
+    return [
+        {
+            "run": r.model_dump(mode="json"),
+            "data_path": datasets[r.corpus_name]["path"],
+            "data_hash": datasets[r.corpus_name]["content_hash"],
+            "mlflow_run_id": mlflow_ids[r.run_id],
+        }
+        for r in pack.runs
+    ]
 
 
 def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None):
@@ -101,9 +106,12 @@ def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str,
         train_loop_config={"runs": items, "tracking_uri": tracking_uri, "board": board, "storage_path": storage_path},
         scaling_config=ScalingConfig(num_workers=res.workers, use_gpu=use_gpu, resources_per_worker=worker_resources(res)),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        run_config=RunConfig(name=name, storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=res.max_retries),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=res.max_retries),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
     )
 
 
@@ -117,8 +125,11 @@ def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dic
         try:
             record = client.get_run(mlflow_id)
         except Exception as e:  # noqa: BLE001 - MLflow down (track.metric_buffer): say why the run stopped
-            out[run_id] = {"status": STATUS_FAILED, "reason": f"{crash or 'the worker group ended'}; MLflow could not "
-                           f"record it ({type(e).__name__}): its run there still reads running until a resubmit"}
+            out[run_id] = {
+                "status": STATUS_FAILED,
+                "reason": f"{crash or 'the worker group ended'}; MLflow could not "
+                f"record it ({type(e).__name__}): its run there still reads running until a resubmit",
+            }
             continue
         status, reason = run_status(record), record.data.tags.get("failure_reason", "")
         if status != STATUS_FINISHED and not (status == STATUS_FAILED and reason):
@@ -130,8 +141,7 @@ def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dic
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def fit_pack(name: str, items: list[dict], tracking_uri: str, storage_path: str,
-             board: str | None) -> dict[str, dict[str, str]]:
+def fit_pack(name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None) -> dict[str, dict[str, str]]:
     """Owns one pack's TorchTrainer; ``items``: ``pack_items``. Returns {run_id: {status,
     reason}}. Any failure is recorded in MLflow, never raised. Each run's lease is held while
     the pack trains (``run.driver.leasing``); a run whose lease another live pack holds is not

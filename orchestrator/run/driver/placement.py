@@ -58,8 +58,7 @@ def unschedulable_reason(run: RunSpec, nodes: list[dict[str, float]]) -> str | N
     if _place(demand, run.resources.workers, [dict(n) for n in nodes]):
         return None
     total = {k: sum(n.get(k, 0.0) for n in nodes) for k in demand}
-    return (f"needs {run.resources.workers} workers x {demand}, but the cluster has "
-            f"{len(nodes)} node(s) with {total} in all")
+    return f"needs {run.resources.workers} workers x {demand}, but the cluster has {len(nodes)} node(s) with {total} in all"
 
 
 def capacity(run: RunSpec, nodes: list[dict[str, float]]) -> int:

@@ -35,8 +35,14 @@ def _prepare_task(corpus: dict, tokenizer: dict, cache_root: str | None) -> dict
 
     p = prepare(CorpusConfig.model_validate(corpus), TokenizerConfig.model_validate(tokenizer), cache_root, progress=False)
     tokens = {split: info["tokens"] for split, info in p.manifest.get("splits", {}).items()}
-    return {"path": p.path, "content_hash": p.content_hash, "tokenizer_hash": p.tokenizer_hash,
-            "vocab_size": p.vocab_size, "tokens": tokens, "unigram": unigram_of(p.path, p.manifest)}
+    return {
+        "path": p.path,
+        "content_hash": p.content_hash,
+        "tokenizer_hash": p.tokenizer_hash,
+        "vocab_size": p.vocab_size,
+        "tokens": tokens,
+        "unigram": unigram_of(p.path, p.manifest),
+    }
 
 
 def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
@@ -74,16 +80,25 @@ def check_data_fits(runs: list[RunSpec], datasets: dict[str, dict[str, Any]]) ->
     for r in runs:
         d = datasets[r.corpus_name]
         if r.data_hash is not None and r.data_hash != d["content_hash"]:
-            raise CorpusError(r.corpus_name, f"its files changed after the study was planned (content hash "
-                                             f"{r.data_hash} planned, {d['content_hash']} prepared): run it again")
+            raise CorpusError(
+                r.corpus_name,
+                f"its files changed after the study was planned (content hash "
+                f"{r.data_hash} planned, {d['content_hash']} prepared): run it again",
+            )
         need = r.train.seq_len + 1
         for split, n in d.get("tokens", {}).items():
             if n < need:
-                raise CorpusError(r.corpus_name, f"the {split} split has {n} tokens, fewer than one window of "
-                                                 f"train.seq_len + 1 = {need} tokens (add documents or lower train.seq_len)")
+                raise CorpusError(
+                    r.corpus_name,
+                    f"the {split} split has {n} tokens, fewer than one window of "
+                    f"train.seq_len + 1 = {need} tokens (add documents or lower train.seq_len)",
+                )
         if d["vocab_size"] > r.model["vocab_size"]:
-            raise CorpusError(r.corpus_name, f"token ids go up to {d['vocab_size'] - 1}, beyond the model's vocabulary "
-                                             f"of {r.model['vocab_size']} (tokenizer.vocab_size)")
+            raise CorpusError(
+                r.corpus_name,
+                f"token ids go up to {d['vocab_size'] - 1}, beyond the model's vocabulary "
+                f"of {r.model['vocab_size']} (tokenizer.vocab_size)",
+            )
 
 
 def find_unigrams(runs: list[RunSpec], console: Console) -> dict[str, dict[str, Any]]:
@@ -109,8 +124,7 @@ def find_unigrams(runs: list[RunSpec], console: Console) -> dict[str, dict[str, 
     return out
 
 
-def record_unigrams(tracking_uri: str, study_name: str, unigrams: Mapping[str, dict[str, Any] | None],
-                    console: Console) -> None:
+def record_unigrams(tracking_uri: str, study_name: str, unigrams: Mapping[str, dict[str, Any] | None], console: Console) -> None:
     """Set each corpus's unigram baseline on the study's experiment (``tracking``'s
     ``set_unigram_tags``) and print it; corpora mapped to None are skipped."""
     found = {name: u for name, u in unigrams.items() if u}

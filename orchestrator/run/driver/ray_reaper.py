@@ -139,13 +139,22 @@ def start_reaper(driver: int | None = None, log: Path = LOG) -> subprocess.Popen
         return None
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", __name__, str(driver or os.getpid())], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=out, start_new_session=True, cwd=str(Path(__file__).resolve().parents[2]))
+        return subprocess.Popen(
+            [sys.executable, "-m", __name__, str(driver or os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            cwd=str(Path(__file__).resolve().parents[2]),
+        )
 
 
 if __name__ == "__main__":
     pid = int(sys.argv[1])
     ended = watch(pid)
     if ended:
-        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ray reaper: ended {len(ended)} process(es) that driver pid {pid}'s "
-              f"local Ray left behind: {ended}", flush=True)
+        print(
+            f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ray reaper: ended {len(ended)} process(es) that driver pid {pid}'s "
+            f"local Ray left behind: {ended}",
+            flush=True,
+        )

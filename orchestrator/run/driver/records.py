@@ -45,8 +45,7 @@ def _run_slot(run: RunSpec) -> tuple[str, ...]:
 
 def finished_on(record: Any, data_hash: str | None) -> bool:
     """True when the MLflow ``record`` (or None) is finished and was trained on ``data_hash``."""
-    return (record is not None and run_status(record) == STATUS_FINISHED
-            and record.data.params.get("data_hash") == data_hash)
+    return record is not None and run_status(record) == STATUS_FINISHED and record.data.params.get("data_hash") == data_hash
 
 
 def finished_before_ray(runs: list[RunSpec], study_name: str, tracking_uri: str) -> bool:
@@ -68,12 +67,14 @@ def finished_before_ray(runs: list[RunSpec], study_name: str, tracking_uri: str)
 
 def mark_superseded(client: MlflowClient, mlflow_run_id: str, by: str, reason: str) -> None:
     """Take a run out of the study's data, keeping its record and metrics (module docstring)."""
-    client.log_batch(mlflow_run_id, tags=[RunTag(KIND_TAG, KIND_SUPERSEDED), RunTag("superseded_by", by),
-                                          RunTag("superseded_reason", reason[:5000])])
+    client.log_batch(
+        mlflow_run_id, tags=[RunTag(KIND_TAG, KIND_SUPERSEDED), RunTag("superseded_by", by), RunTag("superseded_reason", reason[:5000])]
+    )
 
 
-def supersede_replaced(client: MlflowClient, existing: dict[str, Any], runs: list[RunSpec],
-                       datasets: dict[str, dict[str, Any]], console: Console) -> list[str]:
+def supersede_replaced(
+    client: MlflowClient, existing: dict[str, Any], runs: list[RunSpec], datasets: dict[str, dict[str, Any]], console: Console
+) -> list[str]:
     """Mark superseded every record of ``existing`` (run_id -> MLflow run) that is not a planned
     run but stands for the same (corpus, variant, scale, seed, extend) as one; returns their
     run_ids. The reason names the data hashes when the data changed."""
@@ -85,8 +86,11 @@ def supersede_replaced(client: MlflowClient, existing: dict[str, Any], runs: lis
         if run_id in ids or new is None:
             continue
         old_hash, new_hash = rec.data.params.get("data_hash"), datasets[new.corpus_name]["content_hash"]
-        reason = (f"trained on other data (content hash {old_hash}, now {new_hash})" if old_hash != new_hash
-                  else f"its configuration changed (run id {run_id}, now {new.run_id})")
+        reason = (
+            f"trained on other data (content hash {old_hash}, now {new_hash})"
+            if old_hash != new_hash
+            else f"its configuration changed (run id {run_id}, now {new.run_id})"
+        )
         mark_superseded(client, rec.info.run_id, new.run_id, reason)
         console.print(f"superseded {rec.info.run_name}: {reason}")
         out.append(run_id)
@@ -96,8 +100,7 @@ def supersede_replaced(client: MlflowClient, existing: dict[str, Any], runs: lis
 def run_params(run: RunSpec, data: dict[str, Any]) -> dict[str, Any]:
     """The params a new MLflow run gets beyond the planned ones: the data it trains on
     (content and tokenizer hashes, path) and, for wallclock budgets, the calibration used."""
-    params = {"data_hash": data["content_hash"], "data_path": data["path"],
-              "tokenizer_hash": data.get("tokenizer_hash", "")}
+    params = {"data_hash": data["content_hash"], "data_path": data["path"], "tokenizer_hash": data.get("tokenizer_hash", "")}
     cal = run.calibration
     if cal:
         params.update({"calibration.source": cal["source"], "calibration.digest": cal["digest"]})

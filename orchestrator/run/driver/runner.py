@@ -48,14 +48,7 @@ from orchestrator.run.driver.records import (
 )
 from orchestrator.run.progress import StudyProgress, board_name, get_board, on_driver_node
 from orchestrator.track.lease import STUDY_LEASE, Lease
-from orchestrator.track.tracking import (
-    STATUS_FAILED,
-    STATUS_FINISHED,
-    STATUS_QUEUED,
-    create_run,
-    redact_uri,
-    set_status,
-)
+from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_QUEUED, create_run, redact_uri, set_status
 
 
 @dataclass
@@ -79,17 +72,32 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
         return
     # "local": a fresh local Ray even if a stale `ray start` left its address file behind.
     target = address or os.environ.get("RAY_ADDRESS") or "local"
-    ray.init(address=target, namespace="qkstudy", log_to_driver=verbose,
-             configure_logging=verbose, logging_level=logging.INFO if verbose else logging.ERROR)
+    ray.init(
+        address=target,
+        namespace="qkstudy",
+        log_to_driver=verbose,
+        configure_logging=verbose,
+        logging_level=logging.INFO if verbose else logging.ERROR,
+    )
     if target == "local":  # a kill -9 of this driver would leave two Ray agents running (run.ray_reaper)
         from orchestrator.run.driver.ray_reaper import start_reaper
 
         start_reaper()
 
 
-def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_path: str, *,
-             address: str | None = None, console: Console | None = None, verbose: bool = False,
-             max_in_flight: int | None = None, wait: bool = False, lease: Lease | None = None) -> StudyResult:
+def run_runs(
+    runs: list[RunSpec],
+    study_name: str,
+    tracking_uri: str,
+    storage_path: str,
+    *,
+    address: str | None = None,
+    console: Console | None = None,
+    verbose: bool = False,
+    max_in_flight: int | None = None,
+    wait: bool = False,
+    lease: Lease | None = None,
+) -> StudyResult:
     """Schedule ``runs`` (all of one study) on Ray under the study's lease; see
     ``orchestrator.run.driver.study.run_study`` for the other arguments.
 
@@ -111,15 +119,25 @@ def run_runs(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_pa
     console = console or Console(stderr=True)
     if lease is not None:
         if lease.name != STUDY_LEASE or lease.location != str(storage_path) or not lease.generation:
-            raise ValueError(f"run_runs(lease=...) needs the held study lease of {storage_path!r}, got lease "
-                             f"{lease.name!r} of {lease.location!r} (generation {lease.generation})")
+            raise ValueError(
+                f"run_runs(lease=...) needs the held study lease of {storage_path!r}, got lease "
+                f"{lease.name!r} of {lease.location!r} (generation {lease.generation})"
+            )
         return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight)
     with study_lease(study_name, storage_path, console, wait=wait):
         return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight)
 
 
-def _run_leased(runs: list[RunSpec], study_name: str, tracking_uri: str, storage_path: str, address: str | None,
-                console: Console, verbose: bool, max_in_flight: int | None) -> StudyResult:
+def _run_leased(
+    runs: list[RunSpec],
+    study_name: str,
+    tracking_uri: str,
+    storage_path: str,
+    address: str | None,
+    console: Console,
+    verbose: bool,
+    max_in_flight: int | None,
+) -> StudyResult:
     """``run_runs`` once the study's lease is held (by this call or by its caller)."""
     t0 = time.time()
     result = StudyResult()
@@ -144,14 +162,20 @@ def _run_leased(runs: list[RunSpec], study_name: str, tracking_uri: str, storage
     if skipped:
         console.print(f"{skipped} run(s) already finished in MLflow: skipped")
     if todo:
-        _launch_and_watch(study_name, launch_order(runs), todo, datasets, tracking_uri, storage_path, result, console,
-                          nodes, max_in_flight)
+        _launch_and_watch(study_name, launch_order(runs), todo, datasets, tracking_uri, storage_path, result, console, nodes, max_in_flight)
     result.wall_s = time.time() - t0
     return result
 
 
-def _register(runs: list[RunSpec], study_name: str, tracking_uri: str, datasets: dict[str, dict[str, Any]],
-              nodes: list[dict[str, float]], result: StudyResult, console: Console) -> list[tuple[RunSpec, str]]:
+def _register(
+    runs: list[RunSpec],
+    study_name: str,
+    tracking_uri: str,
+    datasets: dict[str, dict[str, Any]],
+    nodes: list[dict[str, float]],
+    result: StudyResult,
+    console: Console,
+) -> list[tuple[RunSpec, str]]:
     """Match each run to its MLflow record: skip the finished ones (same data), report the
     unschedulable ones, queue the rest under their MLflow run (resumed, or created; a record
     the plan replaced is marked superseded, ``run.driver.records``). Returns [(run, MLflow run id)]
@@ -176,16 +200,25 @@ def _register(runs: list[RunSpec], study_name: str, tracking_uri: str, datasets:
             set_status(client, mlflow_id, STATUS_QUEUED)
         else:
             if prev is not None:  # same id, other data (a run planned without a data hash)
-                mark_superseded(client, prev.info.run_id, run.run_id,
-                                f"trained on other data (content hash {prev.data.params.get('data_hash')}, "
-                                f"now {data['content_hash']})")
+                mark_superseded(
+                    client,
+                    prev.info.run_id,
+                    run.run_id,
+                    f"trained on other data (content hash {prev.data.params.get('data_hash')}, now {data['content_hash']})",
+                )
             mlflow_id = create_run(client, exp_id, run, run_params(run, data))
         todo.append((run, mlflow_id))
     return todo
 
 
-def dispatch(items: list[Any], launch: Callable[[Any], Any], limit: int, on_done: Callable[[Any, Any], None],
-             on_tick: Callable[[], None] | None = None, poll_s: float = 1.0) -> None:
+def dispatch(
+    items: list[Any],
+    launch: Callable[[Any], Any],
+    limit: int,
+    on_done: Callable[[Any, Any], None],
+    on_tick: Callable[[], None] | None = None,
+    poll_s: float = 1.0,
+) -> None:
     """Hand ``items`` to Ray through ``launch`` (returns an ObjectRef), keeping at most
     ``limit`` in flight; Ray's scheduler decides where and when each one runs. Calls
     ``on_done(item, result)`` as each finishes and ``on_tick()`` every ``poll_s`` seconds."""
@@ -207,9 +240,18 @@ def dispatch(items: list[Any], launch: Callable[[Any], Any], limit: int, on_done
             on_done(item, out)
 
 
-def _launch_and_watch(study_name: str, plan_order: list[RunSpec], todo: list[tuple[RunSpec, str]],
-                      datasets: dict[str, dict[str, Any]], uri: str, storage: str, result: StudyResult,
-                      console: Console, nodes: list[dict[str, float]], max_in_flight: int | None) -> None:
+def _launch_and_watch(
+    study_name: str,
+    plan_order: list[RunSpec],
+    todo: list[tuple[RunSpec, str]],
+    datasets: dict[str, dict[str, Any]],
+    uri: str,
+    storage: str,
+    result: StudyResult,
+    console: Console,
+    nodes: list[dict[str, float]],
+    max_in_flight: int | None,
+) -> None:
     """Hand the packs of ``todo`` to Ray (at most as many as fit at once), draw progress from
     the study's board, and record each run's final state in ``result`` as its pack ends."""
     board, bname = get_board(study_name), board_name(study_name)
@@ -223,7 +265,8 @@ def _launch_and_watch(study_name: str, plan_order: list[RunSpec], todo: list[tup
         def launch(pack: Pack) -> ray.ObjectRef:
             # On the driver's node: the pack's trainer (and Ray Train's controller) outlive a worker node.
             return fit_pack.options(scheduling_strategy=on_driver_node()).remote(
-                pack.name, pack_items(pack, datasets, mlflow_ids), uri, storage, bname)
+                pack.name, pack_items(pack, datasets, mlflow_ids), uri, storage, bname
+            )
 
         def on_done(pack: Pack, outs: dict[str, Any]) -> None:
             crashed = "status" in outs  # the pack's task itself died: one result for all its runs

@@ -39,8 +39,15 @@ from orchestrator.run.driver.runner import StudyResult, run_runs
 from orchestrator.track.tracking import run_status, study_tracking_uri
 
 
-def run_study(study: Study, *, address: str | None = None, console: Console | None = None,
-              verbose: bool = False, max_in_flight: int | None = None, wait: bool = False) -> StudyResult:
+def run_study(
+    study: Study,
+    *,
+    address: str | None = None,
+    console: Console | None = None,
+    verbose: bool = False,
+    max_in_flight: int | None = None,
+    wait: bool = False,
+) -> StudyResult:
     """Train every planned run of ``study`` that is not already finished (with ``tune:``, its
     tuning runs first, then its main runs at the chosen LRs: ``run_tuned_study``), holding the
     study's lease throughout (once, across both stages of a tuned study).
@@ -62,11 +69,18 @@ def run_study(study: Study, *, address: str | None = None, console: Console | No
             cannot be read to compute its content hash.
     """
     if study.tune is not None:
-        return run_tuned_study(study, address=address, console=console, verbose=verbose,
-                               max_in_flight=max_in_flight, wait=wait)
-    return run_runs(plan_study(study), study.name, study_tracking_uri(study),
-                    study.resolved_storage_path, address=address, console=console, verbose=verbose,
-                    max_in_flight=max_in_flight, wait=wait)
+        return run_tuned_study(study, address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, wait=wait)
+    return run_runs(
+        plan_study(study),
+        study.name,
+        study_tracking_uri(study),
+        study.resolved_storage_path,
+        address=address,
+        console=console,
+        verbose=verbose,
+        max_in_flight=max_in_flight,
+        wait=wait,
+    )
 
 
 def tuning_outcomes(tracking_uri: str, study_name: str, runs: list[RunSpec]) -> dict[str, tuple[float | None, str]]:
@@ -83,8 +97,15 @@ def _print_choices(choices: dict[tuple[str, str], LrChoice], console: Console) -
         console.print(f"tuned {variant} @ {scale}: lr {c.lr:g} (tuning val loss {c.val_loss:.4f}){edge}")
 
 
-def run_tuned_study(study: Study, *, address: str | None = None, console: Console | None = None,
-                    verbose: bool = False, max_in_flight: int | None = None, wait: bool = False) -> StudyResult:
+def run_tuned_study(
+    study: Study,
+    *,
+    address: str | None = None,
+    console: Console | None = None,
+    verbose: bool = False,
+    max_in_flight: int | None = None,
+    wait: bool = False,
+) -> StudyResult:
     """Tuning runs, the LR choice, then the main runs (module docstring), all under one study
     lease taken here (``wait`` as in ``run_study``; the other arguments as ``run_runs`` takes
     them).
@@ -104,14 +125,14 @@ def run_tuned_study(study: Study, *, address: str | None = None, console: Consol
     with study_lease(study.name, storage, console, wait=wait) as lease:
 
         def stage(runs: list[RunSpec]) -> StudyResult:  # under the lease held here, not one of its own
-            return run_runs(runs, study.name, uri, storage, address=address, console=console, verbose=verbose,
-                            max_in_flight=max_in_flight, lease=lease)
+            return run_runs(
+                runs, study.name, uri, storage, address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, lease=lease
+            )
 
         console.print(f"[bold]tuning[/]: {len(tuning)} runs ({len(study.tune.lr) if study.tune else 0} learning rates per arm)")
         result = stage(tuning)
         choices = choose(study, tuning, tuning_outcomes(uri, study.name, tuning))
-        incomplete = sorted(k for k, c in choices.items() if not c.complete) + \
-            sorted({(r.variant, r.scale) for r in tuning} - set(choices))
+        incomplete = sorted(k for k, c in choices.items() if not c.complete) + sorted({(r.variant, r.scale) for r in tuning} - set(choices))
         try:
             if incomplete:
                 raise ValueError(f"tuning runs of {incomplete} have no result yet")

@@ -161,13 +161,26 @@ def ephemeral_fields(study: Study) -> list[tuple[str, str]]:
     if study.workdir and Path(study.workdir).is_absolute():
         return []
     examples = {"tracking_uri": "http://mlflow:5000", "storage_path": f"/shared/qkstudy/{study.name}"}
-    return [(name, f"not set: on a cluster it would default to a path inside the job's temporary working dir, "
-                   f"lost when the job ends; set it (e.g. {examples[name]}) or pass --allow-ephemeral")
-            for name in ("tracking_uri", "storage_path") if getattr(study, name) is None]
+    return [
+        (
+            name,
+            f"not set: on a cluster it would default to a path inside the job's temporary working dir, "
+            f"lost when the job ends; set it (e.g. {examples[name]}) or pass --allow-ephemeral",
+        )
+        for name in ("tracking_uri", "storage_path")
+        if getattr(study, name) is None
+    ]
 
 
-def build_job(spec_path: str | Path, address: str, *, allow_insecure: bool = False, allow_ephemeral: bool = False,
-              working_dir: str | Path | None = None, upload: bool = True) -> dict[str, Any]:
+def build_job(
+    spec_path: str | Path,
+    address: str,
+    *,
+    allow_insecure: bool = False,
+    allow_ephemeral: bool = False,
+    working_dir: str | Path | None = None,
+    upload: bool = True,
+) -> dict[str, Any]:
     """The arguments of ``JobSubmissionClient.submit_job`` for a study, without sending them.
 
     Args:
@@ -208,26 +221,40 @@ def build_job(spec_path: str | Path, address: str, *, allow_insecure: bool = Fal
     job_id = "raysubmit_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(16))
     from orchestrator.track.http_env import forwarded_http_env  # the cluster's workers retry MLflow as the driver does
 
-    runtime_env["env_vars"] = {**forwarded_http_env(), **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)},
-                               JOB_ID_ENV: job_id}
-    return {"address": addr, "entrypoint": entrypoint, "runtime_env": runtime_env,
-            "metadata": {"study": study.name, "spec": rel.as_posix()}, "study": study.name, "submission_id": job_id}
+    runtime_env["env_vars"] = {**forwarded_http_env(), **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}, JOB_ID_ENV: job_id}
+    return {
+        "address": addr,
+        "entrypoint": entrypoint,
+        "runtime_env": runtime_env,
+        "metadata": {"study": study.name, "spec": rel.as_posix()},
+        "study": study.name,
+        "submission_id": job_id,
+    }
 
 
-def submit(spec_path: str | Path, address: str, *, allow_insecure: bool = False, allow_ephemeral: bool = False,
-           working_dir: str | Path | None = None, upload: bool = True) -> str:
+def submit(
+    spec_path: str | Path,
+    address: str,
+    *,
+    allow_insecure: bool = False,
+    allow_ephemeral: bool = False,
+    working_dir: str | Path | None = None,
+    upload: bool = True,
+) -> str:
     """Submit a study as a Ray job (see ``build_job``); returns the job's submission id."""
     from ray.job_submission import JobSubmissionClient
 
-    job = build_job(spec_path, address, allow_insecure=allow_insecure, allow_ephemeral=allow_ephemeral,
-                    working_dir=working_dir, upload=upload)
+    job = build_job(
+        spec_path, address, allow_insecure=allow_insecure, allow_ephemeral=allow_ephemeral, working_dir=working_dir, upload=upload
+    )
     client = JobSubmissionClient(job["address"])
     # A cluster that just came up answers "No available agent" until its job agent is ready.
     deadline = time.time() + AGENT_WAIT_S
     while True:
         try:
-            return client.submit_job(entrypoint=job["entrypoint"], runtime_env=job["runtime_env"], metadata=job["metadata"],
-                                     submission_id=job["submission_id"])
+            return client.submit_job(
+                entrypoint=job["entrypoint"], runtime_env=job["runtime_env"], metadata=job["metadata"], submission_id=job["submission_id"]
+            )
         except RuntimeError as e:
             if "No available agent" not in str(e) or time.time() > deadline:
                 raise
@@ -249,8 +276,10 @@ def study_jobs(address: str, study: str, *, allow_insecure: bool = False) -> lis
     client = JobSubmissionClient(check_submit_address(address, allow_insecure=allow_insecure))
     jobs = [j for j in client.list_jobs() if (j.metadata or {}).get("study") == study]
     jobs.sort(key=lambda j: j.start_time or 0)
-    return [{"job_id": j.submission_id, "status": str(j.status.value), "start_time": j.start_time,
-             "end_time": j.end_time, "message": j.message} for j in jobs]
+    return [
+        {"job_id": j.submission_id, "status": str(j.status.value), "start_time": j.start_time, "end_time": j.end_time, "message": j.message}
+        for j in jobs
+    ]
 
 
 def follow_logs(address: str, job_id: str, *, follow: bool = True, allow_insecure: bool = False):

@@ -57,8 +57,9 @@ class BranchPointError(RuntimeError):
 def trunk_dir(storage_path: str, trunk_run_id: str) -> Path:
     """Folder of one trunk's branch points. Raises BranchPointError for a URI storage path."""
     if "://" in storage_path:
-        raise BranchPointError(f"protocol: branches keeps branch points on a filesystem path; storage_path "
-                               f"{storage_path!r} is a URI (use a shared folder)")
+        raise BranchPointError(
+            f"protocol: branches keeps branch points on a filesystem path; storage_path {storage_path!r} is a URI (use a shared folder)"
+        )
     return Path(storage_path) / BRANCH_DIR / trunk_run_id
 
 
@@ -67,8 +68,7 @@ def branch_point_dir(storage_path: str, trunk_run_id: str, step: int) -> Path:
     return trunk_dir(storage_path, trunk_run_id) / f"step-{step:08d}"
 
 
-def save_branch_point(engine: Any, final: Path, state: dict[str, Any], rank: int, world: int,
-                      barrier: Callable[[], object]) -> None:
+def save_branch_point(engine: Any, final: Path, state: dict[str, Any], rank: int, world: int, barrier: Callable[[], object]) -> None:
     """Every rank saves its DeepSpeed shard of ``engine`` with its manifest into a folder of
     its own inside ``final``'s ``.partial`` sibling and moves it into that folder
     (``ckpt_format.save_share`` / ``merge_share``); rank 0 also writes the loop ``state`` and,
@@ -97,10 +97,11 @@ def _branch_points_from(storage_path: str, run: RunSpec) -> list[Path]:
     assert run.trunk is not None and run.branch_step is not None
     d = branch_point_dir(storage_path, run.trunk, run.branch_step)
     if not d.is_dir():
-        raise BranchPointError(f"branch {run.run_name} ({run.run_id}) needs its trunk {run.trunk}'s checkpoint at step "
-                               f"{run.branch_step} ({d}), which does not exist: did the trunk fail?")
-    earlier = [p for p in d.parent.glob("step-*") if p.is_dir() and p.name[5:].isdigit()
-               and int(p.name[5:]) < run.branch_step]
+        raise BranchPointError(
+            f"branch {run.run_name} ({run.run_id}) needs its trunk {run.trunk}'s checkpoint at step "
+            f"{run.branch_step} ({d}), which does not exist: did the trunk fail?"
+        )
+    earlier = [p for p in d.parent.glob("step-*") if p.is_dir() and p.name[5:].isdigit() and int(p.name[5:]) < run.branch_step]
     return [d, *sorted(earlier, reverse=True)]
 
 
@@ -115,9 +116,18 @@ def _unusable(d: Path, state: dict[str, Any] | None, run: RunSpec, data_hash: st
     return verify_share(d, rank)
 
 
-def restore_branch_point(load: Callable[[str], Any], scheduler: Any, run: RunSpec, storage_path: str, *,
-                         data_hash: str | None, rank: int, any_rank: Callable[[bool], bool],
-                         log: Callable[[str], None], rebuild: Callable[[], None]) -> dict[str, Any]:
+def restore_branch_point(
+    load: Callable[[str], Any],
+    scheduler: Any,
+    run: RunSpec,
+    storage_path: str,
+    *,
+    data_hash: str | None,
+    rank: int,
+    any_rank: Callable[[bool], bool],
+    log: Callable[[str], None],
+    rebuild: Callable[[], None],
+) -> dict[str, Any]:
     """Start the branch ``run`` from its trunk's checkpoint at ``run.branch_step`` (b), or,
     when that is torn, from the newest whole earlier one, or from step 0 (module docstring).
 
@@ -148,14 +158,21 @@ def restore_branch_point(load: Callable[[str], Any], scheduler: Any, run: RunSpe
                 step = int(state["step"])
                 set_lr_at(scheduler, step)
                 if skipped:
-                    note = _torn(skipped, f"restarted from {d.name} (step {step}), training the trunk's steps "
-                                          f"{step}-{b} again before the cooldown")
+                    note = _torn(
+                        skipped, f"restarted from {d.name} (step {step}), training the trunk's steps {step}-{b} again before the cooldown"
+                    )
                     if rank == 0:
                         log(note)
                 else:
                     note = "verified" if has_manifest(d) else "unverified (saved before manifests)"
-                return {"step": step, "wall_s": state["wall_s"], "evals": step // run.eval_every_steps,
-                        "branched": True, "trunk_mlflow_run_id": state["mlflow_run_id"], BRANCH_POINT_KEY: note}
+                return {
+                    "step": step,
+                    "wall_s": state["wall_s"],
+                    "evals": step // run.eval_every_steps,
+                    "branched": True,
+                    "trunk_mlflow_run_id": state["mlflow_run_id"],
+                    BRANCH_POINT_KEY: note,
+                }
         if why:
             log(f"rank {rank}: branch point {d} cannot be used: {why}")
         skipped.append(f"{d.name}: {why or 'refused by another rank'}")
@@ -193,10 +210,13 @@ def copy_trunk_history(client: Any, trunk_mlflow_id: str, branch_mlflow_id: str,
     points: list[Metric] = []
     for key in keys:
         have = {m.step for m in client.get_metric_history(branch_mlflow_id, key)}
-        points += [Metric(key, m.value, m.timestamp, m.step) for m in client.get_metric_history(trunk_mlflow_id, key)
-                   if m.step <= max_step and m.step not in have]
+        points += [
+            Metric(key, m.value, m.timestamp, m.step)
+            for m in client.get_metric_history(trunk_mlflow_id, key)
+            if m.step <= max_step and m.step not in have
+        ]
     for i in range(0, len(points), 1000):
-        client.log_batch(branch_mlflow_id, metrics=points[i:i + 1000])
+        client.log_batch(branch_mlflow_id, metrics=points[i : i + 1000])
     return len(points)
 
 

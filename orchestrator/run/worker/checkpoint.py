@@ -24,8 +24,7 @@ from typing import Any
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-__all__ = ["UnsafeCheckpointError", "WeightsOnlyCheckpointEngine", "deepspeed_safe_globals",
-           "load_engine_checkpoint"]
+__all__ = ["UnsafeCheckpointError", "WeightsOnlyCheckpointEngine", "deepspeed_safe_globals", "load_engine_checkpoint"]
 
 # (module, class) of the objects DeepSpeed 0.19 pickles into its own checkpoints: loss-scaler
 # state (ZeRO 1-3 optimizer files), the ZeRO stage enum (stage 3) and fragment addresses

@@ -15,8 +15,13 @@ import torch
 
 
 @torch.no_grad()
-def eval_sums(model: Callable[..., Any], batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
-              autocast: AbstractContextManager[Any] | None = None, accuracy: bool = False) -> list[float]:
+def eval_sums(
+    model: Callable[..., Any],
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    autocast: AbstractContextManager[Any] | None = None,
+    accuracy: bool = False,
+) -> list[float]:
     """[loss sum (nats), labelled positions, correct predictions] of ``model`` over ``batches``.
 
     ``model(x, y)`` returns (logits [B, T, V], loss) with loss the mean cross-entropy over the

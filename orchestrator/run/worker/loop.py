@@ -71,9 +71,20 @@ class RunLoop:
     data is never resumed); ``guard`` the process's watchdog (``run.worker.stall``; none: unwatched);
     ``storage_path`` the study's storage (branch points of ``protocol: branches``, ``run.worker.branching``)."""
 
-    def __init__(self, run: RunSpec, data_path: str, tracking_uri: str, mlflow_run_id: str,
-                 rank: int, world_size: int, board: str | None = None, step_hook: StepHook | None = None,
-                 data_hash: str | None = None, guard: WorkerGuard | None = None, storage_path: str = ""):
+    def __init__(
+        self,
+        run: RunSpec,
+        data_path: str,
+        tracking_uri: str,
+        mlflow_run_id: str,
+        rank: int,
+        world_size: int,
+        board: str | None = None,
+        step_hook: StepHook | None = None,
+        data_hash: str | None = None,
+        guard: WorkerGuard | None = None,
+        storage_path: str = "",
+    ):
         self.run, self.rank, self.world = run, rank, world_size
         self.step_hook, self.data_hash, self.guard = step_hook, data_hash, guard or WorkerGuard(rank, tracking_uri)
         self.data_path, self.tracking_uri, self.mlflow_run_id, self.board = data_path, tracking_uri, mlflow_run_id, board
@@ -94,8 +105,7 @@ class RunLoop:
         model = GPT(ModelConfig(**r.model), seed=r.seed)  # same seed: same shared weights in every variant
         self.train_loader = TokenLoader(self.data_path, "train", t.seq_len, t.global_batch, r.seed)
         self.val_loader = TokenLoader(self.data_path, "val", t.seq_len, t.global_batch, 0)
-        optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas,
-                                      fused=False, foreach=True)
+        optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas, fused=False, foreach=True)
         schedule = lambda step: lr_multiplier(step, r.steps, t.warmup_steps, t.schedule, t.min_lr_ratio, t.decay_fraction)  # noqa: E731
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         cfg = deepspeed_config(self.geom, r.resources.zero_stage, t.grad_clip, self.on_gpu)
@@ -115,9 +125,15 @@ class RunLoop:
         fresh = {"step": 0, "wall_s": 0.0, "evals": 0}
         dev = _collective_device(self.on_gpu)
         state = restore_newest_whole(
-            candidates() if _in_ray_train() else [], lambda d: load_engine_checkpoint(self.engine, d, CKPT_TAG),
-            run_id=self.run.run_id, data_hash=self.data_hash, rank=self.rank,
-            any_rank=lambda flag: self.dist.sum([float(flag)], dev)[0] > 0, log=worker_log, rebuild=self._build)
+            candidates() if _in_ray_train() else [],
+            lambda d: load_engine_checkpoint(self.engine, d, CKPT_TAG),
+            run_id=self.run.run_id,
+            data_hash=self.data_hash,
+            rank=self.rank,
+            any_rank=lambda flag: self.dist.sum([float(flag)], dev)[0] > 0,
+            log=worker_log,
+            rebuild=self._build,
+        )
         if state is None or "step" not in state:
             return {**fresh, **(state or {})}
         if state["mlflow_run_id"] != self.mlflow_run_id:
@@ -135,8 +151,8 @@ class RunLoop:
         losses = []
         own_norm = None
         for i in range(self.geom.grad_accum):
-            xb = x[i * mb:(i + 1) * mb].to(self.device)
-            yb = y[i * mb:(i + 1) * mb].to(self.device)
+            xb = x[i * mb : (i + 1) * mb].to(self.device)
+            yb = y[i * mb : (i + 1) * mb].to(self.device)
             with self.autocast:
                 _, loss = self.engine(xb, yb)
             self.engine.backward(loss)
@@ -222,10 +238,22 @@ class RunLoop:
             state = self._branch_start(self._restore())
         self._time_earlier = state.get("time_split", {})
         r = self.run
-        self.rec = rec = Recorder(r, self.tracking_uri, self.mlflow_run_id, self.board, active=self.rank == 0, devices=self.world,
-                       data=(r.corpus_name, self.data_path, self.data_hash), carried=state.get("unwritten_metrics"))
-        rec.start(state["step"], fallback=state.get("resume_fallback"), branched=bool(state.get("branched")),
-                  branch_point=state.get(BRANCH_POINT_KEY))
+        self.rec = rec = Recorder(
+            r,
+            self.tracking_uri,
+            self.mlflow_run_id,
+            self.board,
+            active=self.rank == 0,
+            devices=self.world,
+            data=(r.corpus_name, self.data_path, self.data_hash),
+            carried=state.get("unwritten_metrics"),
+        )
+        rec.start(
+            state["step"],
+            fallback=state.get("resume_fallback"),
+            branched=bool(state.get("branched")),
+            branch_point=state.get(BRANCH_POINT_KEY),
+        )
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         self.engine.train()
         while step < r.steps:
@@ -254,8 +282,16 @@ class RunLoop:
         with self.guard.section("checkpoint"):  # every rank: ZeRO-3 gathers are collective
             from orchestrator.run.final_weights import save_final_weights
 
-            save_final_weights(self.engine, r.model, self.tracking_uri, self.mlflow_run_id, zero_stage=r.resources.zero_stage,
-                               rank=self.rank, step=step, tokens=step * r.train.tokens_per_step)
+            save_final_weights(
+                self.engine,
+                r.model,
+                self.tracking_uri,
+                self.mlflow_run_id,
+                zero_stage=r.resources.zero_stage,
+                rank=self.rank,
+                step=step,
+                tokens=step * r.train.tokens_per_step,
+            )
         rec.time_split(step, self.time_split())
         rec.finished(step)
         return STATUS_FINISHED
@@ -279,20 +315,43 @@ class RunLoop:
 
         dev = _collective_device(self.on_gpu)
         start = restore_branch_point(
-            lambda d: load_engine_checkpoint(self.engine, d, CKPT_TAG), self.scheduler, self.run, self.storage_path,
-            data_hash=self.data_hash, rank=self.rank, any_rank=lambda flag: self.dist.sum([float(flag)], dev)[0] > 0,
-            log=worker_log, rebuild=self._build)
+            lambda d: load_engine_checkpoint(self.engine, d, CKPT_TAG),
+            self.scheduler,
+            self.run,
+            self.storage_path,
+            data_hash=self.data_hash,
+            rank=self.rank,
+            any_rank=lambda flag: self.dist.sum([float(flag)], dev)[0] > 0,
+            log=worker_log,
+            rebuild=self._build,
+        )
         if self.rank == 0 and start.get("branched"):
-            copy_trunk_history(client_for(self.tracking_uri), start["trunk_mlflow_run_id"], self.mlflow_run_id,
-                               start["step"] * self.run.train.tokens_per_step)
+            copy_trunk_history(
+                client_for(self.tracking_uri),
+                start["trunk_mlflow_run_id"],
+                self.mlflow_run_id,
+                start["step"] * self.run.train.tokens_per_step,
+            )
         return {**state, **start}  # a resume_fallback note of the branch's own checkpoints stays
 
     def _branch_point(self, step: int, wall_s: float, evals: int) -> None:
         """Save the retained checkpoint a branch starts from (``run.worker.branching``); collective."""
-        state = {"step": step, "wall_s": wall_s, "evals": evals, "mlflow_run_id": self.mlflow_run_id,
-                 "run_id": self.run.run_id, "data_hash": self.data_hash}
-        save_branch_point(self.engine, branch_point_dir(self.storage_path, self.run.run_id, step), state, self.rank,
-                          self.world, lambda: self.dist.sum([0.0], self.device))
+        state = {
+            "step": step,
+            "wall_s": wall_s,
+            "evals": evals,
+            "mlflow_run_id": self.mlflow_run_id,
+            "run_id": self.run.run_id,
+            "data_hash": self.data_hash,
+        }
+        save_branch_point(
+            self.engine,
+            branch_point_dir(self.storage_path, self.run.run_id, step),
+            state,
+            self.rank,
+            self.world,
+            lambda: self.dist.sum([0.0], self.device),
+        )
 
     def _eval_step(self, rec: Recorder, step: int, wall_s: float, evals: int, is_last: bool) -> None:
         """Evaluate the curve's windows (and, when ``is_last``, the final pass: those plus the
@@ -312,10 +371,17 @@ class RunLoop:
             rec.final_point(step, *val_metrics(final, labelled))
         if not is_last and evals % r.checkpoint_every_evals == 0:
             tokens = step * r.train.tokens_per_step
-            state = {"step": step, "wall_s": wall_s, "evals": evals, "tokens": tokens,
-                     "mlflow_run_id": self.mlflow_run_id, "run_id": r.run_id, "data_hash": self.data_hash,
-                     "unwritten_metrics": rec.unwritten(),  # an outage's points survive this attempt
-                     "time_split": self.time_split()}
+            state = {
+                "step": step,
+                "wall_s": wall_s,
+                "evals": evals,
+                "tokens": tokens,
+                "mlflow_run_id": self.mlflow_run_id,
+                "run_id": r.run_id,
+                "data_hash": self.data_hash,
+                "unwritten_metrics": rec.unwritten(),  # an outage's points survive this attempt
+                "time_split": self.time_split(),
+            }
             rec.checkpoint_point(step, self._checkpoint(state, {"tokens": tokens, "val_loss": val}))
 
 
@@ -372,10 +438,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     step_hook = chain_hooks(kill_hook_from_env(), block_hook_from_env()) if first_attempt else None
     statuses = []
     for item in config["runs"]:
-        loop = RunLoop(RunSpec.model_validate(item["run"]), item["data_path"], config["tracking_uri"],
-                       item["mlflow_run_id"], ctx.get_world_rank(), ctx.get_world_size(), config.get("board"),
-                       step_hook=step_hook, data_hash=item.get("data_hash"), guard=guard,
-                       storage_path=config.get("storage_path", ""))
+        loop = RunLoop(
+            RunSpec.model_validate(item["run"]),
+            item["data_path"],
+            config["tracking_uri"],
+            item["mlflow_run_id"],
+            ctx.get_world_rank(),
+            ctx.get_world_size(),
+            config.get("board"),
+            step_hook=step_hook,
+            data_hash=item.get("data_hash"),
+            guard=guard,
+            storage_path=config.get("storage_path", ""),
+        )
         statuses.append(loop.run_loop())
         del loop  # free the engine (weights, optimizer states) before the next run builds its own
         gc.collect()

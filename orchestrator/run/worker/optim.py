@@ -44,8 +44,7 @@ def batch_geometry(global_batch: int, world_size: int, max_micro_batch: int) -> 
     return BatchGeometry(global_batch, world_size, micro, per_rank // micro)
 
 
-def lr_multiplier(step: int, total_steps: int, warmup_steps: int, schedule: str,
-                  min_lr_ratio: float, decay_fraction: float) -> float:
+def lr_multiplier(step: int, total_steps: int, warmup_steps: int, schedule: str, min_lr_ratio: float, decay_fraction: float) -> float:
     """LR multiplier (of the peak) before optimizer step ``step`` (0-based).
 
     cosine: linear warmup over ``warmup_steps``, then cosine from 1 to ``min_lr_ratio`` at

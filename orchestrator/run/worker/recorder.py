@@ -31,14 +31,7 @@ from orchestrator.run.progress import report_progress
 from orchestrator.run.worker.mfu import device_peak_flops, mfu
 from orchestrator.track.http_env import apply_http_env
 from orchestrator.track.metric_buffer import MetricBuffer
-from orchestrator.track.tracking import (
-    STATUS_FAILED,
-    STATUS_FINISHED,
-    STATUS_RUNNING,
-    client_for,
-    last_logged_step,
-    set_status,
-)
+from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_RUNNING, client_for, last_logged_step, set_status
 
 
 def _ppl(val_loss: float) -> float:
@@ -56,8 +49,13 @@ def log_training_data(client: MlflowClient, mlflow_run_id: str, name: str, path:
     the prepared folder or URI (source type: ``local`` or the URI's scheme). Logging the same
     dataset again (a resumed run) adds nothing."""
     scheme = urlsplit(path).scheme if "://" in path else ""
-    ds = Dataset(name=name, digest=content_hash[:DIGEST_CHARS], source_type=scheme or "local",
-                 source=json.dumps({"uri": path}), profile=json.dumps({"content_hash": content_hash}))
+    ds = Dataset(
+        name=name,
+        digest=content_hash[:DIGEST_CHARS],
+        source_type=scheme or "local",
+        source=json.dumps({"uri": path}),
+        profile=json.dumps({"content_hash": content_hash}),
+    )
     client.log_inputs(mlflow_run_id, [DatasetInput(ds, [InputTag(MLFLOW_DATASET_CONTEXT, "training")])])
 
 
@@ -71,9 +69,18 @@ class Recorder:
     unwritten (``unwritten``), written with the run's next flush.
     """
 
-    def __init__(self, run: RunSpec, tracking_uri: str, mlflow_run_id: str, board: str | None, *,
-                 active: bool, devices: int, data: tuple[str, str, str | None] | None = None,
-                 carried: list[list] | None = None):
+    def __init__(
+        self,
+        run: RunSpec,
+        tracking_uri: str,
+        mlflow_run_id: str,
+        board: str | None,
+        *,
+        active: bool,
+        devices: int,
+        data: tuple[str, str, str | None] | None = None,
+        carried: list[list] | None = None,
+    ):
         self.run, self.mlflow_run_id, self.board, self.active = run, mlflow_run_id, board, active
         self.tps, self.tracking_uri, self.data = run.train.tokens_per_step, tracking_uri, data
         self.sysmon: Any = None  # mlflow's SystemMetricsMonitor while the run trains (imported at start)
@@ -81,13 +88,11 @@ class Recorder:
             return
         apply_http_env()  # a cluster's workers do not inherit the driver's settings (track.http_env)
         self.client = client_for(tracking_uri)
-        self.metrics = MetricBuffer(self.client, mlflow_run_id, resume_after=last_logged_step(self.client, mlflow_run_id),
-                                    carried=carried)
+        self.metrics = MetricBuffer(self.client, mlflow_run_id, resume_after=last_logged_step(self.client, mlflow_run_id), carried=carried)
         peak = device_peak_flops()
         self.peak_flops = peak * devices if peak else None
 
-    def start(self, step: int, fallback: str | None = None, branched: bool = False,
-              branch_point: str | None = None) -> None:
+    def start(self, step: int, fallback: str | None = None, branched: bool = False, branch_point: str | None = None) -> None:
         """Mark the run running; on a restart (``step`` > 0) count it and say from where;
         ``fallback`` (``run.worker.resume``: corrupt checkpoints skipped) goes to the
         ``resume_fallback`` tag; ``branched``: a branch's first start at its trunk's branch
@@ -125,15 +130,21 @@ class Recorder:
         now = time.perf_counter()
         thr = (tokens - self._tok_last) / max(now - self._t_last, 1e-9)
         self._t_last, self._tok_last = time.perf_counter(), tokens
-        point = {"train/loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens,
-                 "flops": tokens * r.flops_per_token, "time/wall_s": wall_s, "throughput/tokens_per_s": thr}
+        point = {
+            "train/loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": tokens,
+            "flops": tokens * r.flops_per_token,
+            "time/wall_s": wall_s,
+            "throughput/tokens_per_s": thr,
+        }
         if self.peak_flops:
             point["throughput/mfu"] = mfu(r.flops_per_token, thr, self.peak_flops)
         self.metrics.add(point, tokens)
         report_progress(self.board, r.run_id, tokens=tokens, planned=r.tokens, loss=loss, state="running")
 
-    def eval_point(self, step: int, val_loss: float, diagnostics: dict[str, float],
-                   accuracy: float | None = None) -> None:
+    def eval_point(self, step: int, val_loss: float, diagnostics: dict[str, float], accuracy: float | None = None) -> None:
         """Log a curve point: the validation loss (nats/token) on the run's fixed curve windows,
         its perplexity, the attention diagnostics and, for labelled corpora (MQAR),
         ``val/accuracy`` (fraction of labelled positions whose argmax is the target). Flushes."""

@@ -50,9 +50,17 @@ def candidates() -> list[Any]:
     return out
 
 
-def restore_newest_whole(cands: list[Any], load: Callable[[str], Any], *, run_id: str, data_hash: str | None,
-                         rank: int, any_rank: Callable[[bool], bool],
-                         log: Callable[[str], None], rebuild: Callable[[], None]) -> dict | None:
+def restore_newest_whole(
+    cands: list[Any],
+    load: Callable[[str], Any],
+    *,
+    run_id: str,
+    data_hash: str | None,
+    rank: int,
+    any_rank: Callable[[bool], bool],
+    log: Callable[[str], None],
+    rebuild: Callable[[], None],
+) -> dict | None:
     """Load the newest checkpoint of ``cands`` (Ray Train checkpoints, newest first) that is
     this run's (``run_id``, and ``data_hash`` when both know it), whole on every rank and
     loads (``load(dir)`` raises on a bad file); return its loop state, or None to start fresh.
@@ -68,8 +76,9 @@ def restore_newest_whole(cands: list[Any], load: Callable[[str], Any], *, run_id
     for ckpt in cands:
         with ckpt.as_directory() as d:
             state, why = read_state(d)
-            other = state is not None and (state.get("run_id") != run_id or (
-                data_hash is not None and state.get("data_hash", data_hash) != data_hash))
+            other = state is not None and (
+                state.get("run_id") != run_id or (data_hash is not None and state.get("data_hash", data_hash) != data_hash)
+            )
             if any_rank(other):
                 break  # another run's (or this run on other data): older ones are older still
             why = why or verify_share(d, rank)

@@ -85,7 +85,7 @@ def stuck_reason(section: str, elapsed_s: float, bound_s: float, stacks: str) ->
     room = REASON_CHARS - len(head)
     if len(stuck) > room:
         title, _, frames = stuck.partition("\n")
-        stuck = f"{title}\n  ...\n{frames[-max(0, room - len(title) - 7):]}"
+        stuck = f"{title}\n  ...\n{frames[-max(0, room - len(title) - 7) :]}"
     return head + stuck
 
 
@@ -111,8 +111,16 @@ class WorkerGuard:
     fires, so a run id switched by a checkpoint restore is the one recorded). ``exit`` ends the
     process (``os._exit``; a test passes its own)."""
 
-    def __init__(self, rank: int, tracking_uri: str, limits: WatchdogLimits | None = None, *,
-                 grace_s: float = 10.0, record_timeout_s: float = 60.0, exit: Callable[[int], Any] = os._exit):
+    def __init__(
+        self,
+        rank: int,
+        tracking_uri: str,
+        limits: WatchdogLimits | None = None,
+        *,
+        grace_s: float = 10.0,
+        record_timeout_s: float = 60.0,
+        exit: Callable[[int], Any] = os._exit,
+    ):
         self.rank, self.tracking_uri = rank, tracking_uri
         self.grace_s, self.record_timeout_s, self._exit = grace_s, record_timeout_s, exit
         self.watchdog = Watchdog(self.on_stall, limits)

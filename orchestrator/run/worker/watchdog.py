@@ -68,8 +68,9 @@ def limits_from_env(base: WatchdogLimits | None = None, env: str | None = None) 
         except ValueError:
             seconds = -1.0
         if key.strip() not in names or seconds <= 0:
-            raise ValueError(f"{WATCHDOG_ENV}: bad entry {pair!r}; use section=seconds with section in "
-                             f"{', '.join(SECTIONS)} and seconds > 0")
+            raise ValueError(
+                f"{WATCHDOG_ENV}: bad entry {pair!r}; use section=seconds with section in {', '.join(SECTIONS)} and seconds > 0"
+            )
         out = replace(out, **{key.strip(): seconds})
     return out
 
@@ -82,8 +83,9 @@ def all_stacks(first: int | None = None) -> str:
     parts = []
     for ident in order:
         label = names.get(ident, "?")
-        parts.append(f'Thread {label!r} (ident {ident}){" <- stuck" if ident == first else ""}:\n'
-                     + "".join(traceback.format_stack(frames[ident])))
+        parts.append(
+            f"Thread {label!r} (ident {ident}){' <- stuck' if ident == first else ''}:\n" + "".join(traceback.format_stack(frames[ident]))
+        )
     return "\n".join(parts)
 
 
@@ -196,6 +198,5 @@ class Watchdog:
 def stall_reason(section: str, elapsed_s: float, bound_s: float, stack: str, max_chars: int = 4000) -> str:
     """The failure reason for a stall: section, time, bound, and the top of the stack text
     (the MLflow ``failure_reason`` tag holds 5000 characters; the full stack goes to the log)."""
-    head = (f"no progress: section '{section}' ran {elapsed_s:.0f} s, past its {bound_s:g} s bound "
-            f"(${WATCHDOG_ENV} sets bounds)\n")
+    head = f"no progress: section '{section}' ran {elapsed_s:.0f} s, past its {bound_s:g} s bound (${WATCHDOG_ENV} sets bounds)\n"
     return head + stack[: max(0, max_chars - len(head))]

@@ -10,9 +10,15 @@ from orchestrator.run.driver.packing import make_packs
 from orchestrator.run.worker.optim import lr_multiplier
 
 TPS = 8 * 64
-BASE = {"name": "b", "scales": ["cpu-xs"], "variants": ["standard", "coupled"], "seeds": [0, 1],
-        "budget": {"mode": "tokens", "tokens": 100 * TPS}, "extend": [1.5, 2, 3],
-        "train": {"global_batch": 8, "seq_len": 64, "schedule": "wsd"}}
+BASE = {
+    "name": "b",
+    "scales": ["cpu-xs"],
+    "variants": ["standard", "coupled"],
+    "seeds": [0, 1],
+    "budget": {"mode": "tokens", "tokens": 100 * TPS},
+    "extend": [1.5, 2, 3],
+    "train": {"global_batch": 8, "seq_len": 64, "schedule": "wsd"},
+}
 
 
 def _plan(protocol, **over):
@@ -38,8 +44,7 @@ def test_branched_reference_trains_at_most_055x_of_the_independent_steps():
     assert br_steps / ind_steps == pytest.approx(0.52) and br_steps / ind_steps <= 0.55
     # the variants are planned alike in both protocols
     assert [r.run_id for r in ind if r.variant == "coupled"] == [r.run_id for r in br if r.variant == "coupled"]
-    assert "branches 780 optimizer steps, independent 1,500 (0.52x)" in reference_compute(parse_spec(
-        {**BASE, "protocol": "branches"}), br)
+    assert "branches 780 optimizer steps, independent 1,500 (0.52x)" in reference_compute(parse_spec({**BASE, "protocol": "branches"}), br)
 
 
 def test_each_branch_has_the_lr_of_an_independent_wsd_run_and_is_the_trunk_before_its_branch_point():

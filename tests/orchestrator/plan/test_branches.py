@@ -46,11 +46,14 @@ def test_ratio_formula_for_other_fractions():
         assert ratio == pytest.approx(((1 - f) * max(budgets) + f * sum(budgets)) / sum(budgets))
 
 
-@pytest.mark.parametrize("ref_steps, extend, sched", [
-    (100, [1.5, 2, 3], SCHED),
-    (37, [1.5, 2.5, 3], {"warmup_fraction": 0.1, "decay_fraction": 0.25, "min_lr_ratio": 0.0}),  # odd roundings
-    (64.4, [1.3, 7], {"warmup_fraction": 0.0, "decay_fraction": 0.15, "min_lr_ratio": 0.05}),
-])
+@pytest.mark.parametrize(
+    "ref_steps, extend, sched",
+    [
+        (100, [1.5, 2, 3], SCHED),
+        (37, [1.5, 2.5, 3], {"warmup_fraction": 0.1, "decay_fraction": 0.25, "min_lr_ratio": 0.0}),  # odd roundings
+        (64.4, [1.3, 7], {"warmup_fraction": 0.0, "decay_fraction": 0.15, "min_lr_ratio": 0.05}),
+    ],
+)
 def test_every_branch_has_exactly_the_lr_of_an_independent_wsd_run(ref_steps, extend, sched):
     p = plan_branches(ref_steps * TPS, extend, TPS, **sched)
     longest = p.branches[-1]
@@ -77,21 +80,24 @@ def test_negative_control_per_budget_warmups_would_break_the_identity():
 def test_protocol_validation_names_the_field():
     assert protocol_problems("independent", "cosine", []) == []
     assert protocol_problems("branches", "wsd", [2]) == []
-    (loc, msg), = protocol_problems("branches", "cosine", [2])
+    ((loc, msg),) = protocol_problems("branches", "cosine", [2])
     assert loc == ("train", "schedule") and "needs the wsd schedule" in msg and "'cosine'" in msg
-    (loc, msg), = protocol_problems("branches", "wsd", [])
+    ((loc, msg),) = protocol_problems("branches", "wsd", [])
     assert loc == ("extend",) and "needs extend multipliers" in msg
     assert [p[0] for p in protocol_problems("branches", "cosine", [])] == [("train", "schedule"), ("extend",)]
 
 
-@pytest.mark.parametrize("kw, loc, msg", [
-    ({"extend": []}, ("extend",), "need extend multipliers > 1"),
-    ({"extend": [1.0, 2]}, ("extend",), "need extend multipliers > 1"),
-    ({"extend": [1.01]}, ("extend",), "x1 and x1.01 round to the same 10 optimizer steps"),
-    ({"decay_fraction": 1.0}, ("train", "decay_fraction"), "in (0, 1)"),
-    ({"warmup_fraction": 0.9}, ("train", "warmup_fraction"), "must end before the x1 run's decay starts (step 8)"),
-    ({"reference_tokens": 100}, ("budget",), "less than one optimizer step"),
-])
+@pytest.mark.parametrize(
+    "kw, loc, msg",
+    [
+        ({"extend": []}, ("extend",), "need extend multipliers > 1"),
+        ({"extend": [1.0, 2]}, ("extend",), "need extend multipliers > 1"),
+        ({"extend": [1.01]}, ("extend",), "x1 and x1.01 round to the same 10 optimizer steps"),
+        ({"decay_fraction": 1.0}, ("train", "decay_fraction"), "in (0, 1)"),
+        ({"warmup_fraction": 0.9}, ("train", "warmup_fraction"), "must end before the x1 run's decay starts (step 8)"),
+        ({"reference_tokens": 100}, ("budget",), "less than one optimizer step"),
+    ],
+)
 def test_plan_refuses_unbranchable_budgets(kw, loc, msg):
     args = {"reference_tokens": 10 * TPS, "extend": [2], "tokens_per_step": TPS, **SCHED, **kw}
     with pytest.raises(FieldError) as e:

@@ -113,10 +113,16 @@ def test_chosen_lr_is_the_grid_argmin_and_drives_the_main_runs():
     tuning = plan_tuning(study, plan(study))
     # synthetic losses with a known answer: standard best at 0.003 (interior), differential at 0.001 (edge);
     # differential's 0.01 diverged
-    loss = {("standard", 0.001): 3.0, ("standard", 0.003): 2.5, ("standard", 0.01): 2.8,
-            ("differential", 0.001): 2.6, ("differential", 0.003): 2.7}
-    outcomes = {r.run_id: (loss.get((r.variant, r.train.lr)), "finished" if (r.variant, r.train.lr) in loss else "diverged")
-                for r in tuning}
+    loss = {
+        ("standard", 0.001): 3.0,
+        ("standard", 0.003): 2.5,
+        ("standard", 0.01): 2.8,
+        ("differential", 0.001): 2.6,
+        ("differential", 0.003): 2.7,
+    }
+    outcomes = {
+        r.run_id: (loss.get((r.variant, r.train.lr)), "finished" if (r.variant, r.train.lr) in loss else "diverged") for r in tuning
+    }
     choices = choose(study, tuning, outcomes)
     assert (choices["standard", "cpu-xs"].lr, choices["standard", "cpu-xs"].edge) == (0.003, None)
     assert (choices["differential", "cpu-xs"].lr, choices["differential", "cpu-xs"].edge) == (0.001, "lowest")

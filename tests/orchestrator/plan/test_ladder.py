@@ -36,6 +36,7 @@ def _loc_msg(exc_info):
 
 # -- inline shapes ----------------------------------------------------------------------------
 
+
 def test_shape_refuses_heads_that_do_not_divide_naming_n_head():
     with pytest.raises(ValidationError) as e:
         ScaleShape(name="s1", n_layer=4, d_model=200, n_head=6)
@@ -44,10 +45,19 @@ def test_shape_refuses_heads_that_do_not_divide_naming_n_head():
     assert ScaleShape(name="s1", n_layer=4, d_model=192, n_head=6).head_dim == 32
 
 
-@pytest.mark.parametrize("bad, field", [({"name": "cpu-s"}, "name"), ({"name": "a b"}, "name"),
-                                        ({"n_layer": 0}, "n_layer"), ({"lr": -1e-3}, "lr"),
-                                        ({"lr": float("nan")}, "lr"), ({"global_batch": 0}, "global_batch"),
-                                        ({"seq_len": 0}, "seq_len"), ({"colour": 1}, "colour")])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"name": "cpu-s"}, "name"),
+        ({"name": "a b"}, "name"),
+        ({"n_layer": 0}, "n_layer"),
+        ({"lr": -1e-3}, "lr"),
+        ({"lr": float("nan")}, "lr"),
+        ({"global_batch": 0}, "global_batch"),
+        ({"seq_len": 0}, "seq_len"),
+        ({"colour": 1}, "colour"),
+    ],
+)
 def test_shape_field_errors_name_the_field(bad, field):
     with pytest.raises(ValidationError) as e:
         ScaleShape(**{"name": "s1", "n_layer": 2, "d_model": 64, "n_head": 2, **bad})
@@ -80,6 +90,7 @@ def test_shape_config_counts_like_the_preset_it_copies():
 
 # -- ladders ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_layer_has_the_same_parameter_count(variant):
     # the ladder search's assumption: N(L, d) = base(d) + L per_layer(d), for every variant
@@ -88,11 +99,11 @@ def test_every_layer_has_the_same_parameter_count(variant):
         for L in (3, 7):
             assert non_embedding_params(L, d, h, variant) == (2 * one - two) + L * (two - one)
 
-@pytest.mark.parametrize("preset, head_dim", [("cpu-xs", 32), ("cpu-s", 32), ("cpu-m", 32), ("60m", 64),
-                                              ("150m", 64), ("350m", 64)])
+
+@pytest.mark.parametrize("preset, head_dim", [("cpu-xs", 32), ("cpu-s", 32), ("cpu-m", 32), ("60m", 64), ("150m", 64), ("350m", 64)])
 def test_ladder_at_a_presets_n_and_aspect_reproduces_the_preset(preset, head_dim):
     p = PRESETS[preset]
-    rung, = generate_ladder(LadderSpec(targets=[_n(preset)], head_dim=head_dim, aspect_ratio=p.d_model / p.n_layer))
+    (rung,) = generate_ladder(LadderSpec(targets=[_n(preset)], head_dim=head_dim, aspect_ratio=p.d_model / p.n_layer))
     assert (rung.shape.n_layer, rung.shape.d_model, rung.shape.n_head) == (p.n_layer, p.d_model, p.n_head)
     assert rung.n_params == _n(preset) and rung.rel_error == 0
 
@@ -132,7 +143,7 @@ def test_ladder_refuses_a_target_no_shape_reaches_naming_the_field():
     with pytest.raises(FieldError, match="at an aspect ratio within 2x of 40"):
         generate_ladder(LadderSpec(targets=[3e5], head_dim=32, aspect_ratio=40))
     # negative control: a looser aspect tolerance reaches it
-    rung, = generate_ladder(LadderSpec(targets=[3e5], head_dim=32, aspect_ratio=40, aspect_tolerance=4))
+    (rung,) = generate_ladder(LadderSpec(targets=[3e5], head_dim=32, aspect_ratio=40, aspect_tolerance=4))
     assert abs(rung.rel_error) <= 0.05
 
 
@@ -142,8 +153,15 @@ def test_ladder_refuses_two_targets_with_one_shape():
     assert e.value.loc == ("ladder", "targets", 1) and "same shape (3 x 128) as targets[0]" in str(e.value)
 
 
-@pytest.mark.parametrize("targets, msg", [([], "at least 1"), ([-5], "entry 0 (-5.0) is not a positive"),
-                                          (["lots"], "'lots' is not a parameter count"), ([1e6, "1M"], "repeat")])
+@pytest.mark.parametrize(
+    "targets, msg",
+    [
+        ([], "at least 1"),
+        ([-5], "entry 0 (-5.0) is not a positive"),
+        (["lots"], "'lots' is not a parameter count"),
+        ([1e6, "1M"], "repeat"),
+    ],
+)
 def test_ladder_spec_refuses_bad_targets(targets, msg):
     with pytest.raises(ValidationError) as e:
         LadderSpec(targets=targets, head_dim=32, aspect_ratio=40)
@@ -159,6 +177,7 @@ def test_ladder_spec_parses_counts_and_checks_names():
 
 
 # -- the custom recipe ------------------------------------------------------------------------
+
 
 def test_custom_recipe_constants_are_the_fit_of_the_presets():
     n = preset_params()
@@ -198,6 +217,7 @@ def test_custom_recipe_lr_falls_with_n_and_overrides_win():
 
 
 # -- tokens per parameter ---------------------------------------------------------------------
+
 
 def test_tokens_per_param_rounds_to_whole_steps_and_grows_with_n():
     tps = 16 * 128

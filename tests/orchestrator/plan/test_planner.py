@@ -66,8 +66,10 @@ def test_tokens_mode_and_tokens_per_param():
 
 
 def test_wallclock_mode_uses_declared_throughput():
-    runs = _plan(budget={"mode": "wallclock", "tokens": 1_000_000,
-                         "throughput": {"standard": 1000.0, "coupled": 500.0, "differential": 800.0}}, extend=[])
+    runs = _plan(
+        budget={"mode": "wallclock", "tokens": 1_000_000, "throughput": {"standard": 1000.0, "coupled": 500.0, "differential": 800.0}},
+        extend=[],
+    )
     r = {x.variant: x.tokens for x in runs if x.scale == "cpu-xs" and x.seed == 0}
     tps = runs[0].train.tokens_per_step
     assert abs(r["coupled"] - r["standard"] / 2) <= tps and abs(r["differential"] - 0.8 * r["standard"]) <= tps
@@ -85,8 +87,12 @@ def test_run_identity_is_stable_and_sensitive():
     # Resources do not change what a run computes: same ids.
     assert a == [r.run_id for r in _plan(resources={"workers": 2, "zero_stage": 3})]
     # Anything that does changes the id.
-    for over in ({"seeds": [5, 1]}, {"train": {"lr": 1e-3}}, {"tokenizer": {"vocab_size": 1024}},
-                 {"corpus": {"source": "stdlib", "max_documents": 10}}):
+    for over in (
+        {"seeds": [5, 1]},
+        {"train": {"lr": 1e-3}},
+        {"tokenizer": {"vocab_size": 1024}},
+        {"corpus": {"source": "stdlib", "max_documents": 10}},
+    ):
         b = [r.run_id for r in _plan(**over)]
         assert set(a) != set(b)
 
@@ -117,8 +123,10 @@ def test_bench_study_plans_200_runs():
 
 
 WALLCLOCK = {"mode": "wallclock", "tokens": 1_000_000}
-TABLE = {"cpu-xs": {"standard": 1000.0, "coupled": 250.0, "differential": 800.0},
-         "cpu-s": {"standard": 400.0, "coupled": 200.0, "differential": 100.0}}
+TABLE = {
+    "cpu-xs": {"standard": 1000.0, "coupled": 250.0, "differential": 800.0},
+    "cpu-s": {"standard": 400.0, "coupled": 200.0, "differential": 100.0},
+}
 
 
 def test_wallclock_mode_takes_a_throughput_table_as_input(tmp_path):
@@ -140,7 +148,9 @@ def test_declared_throughput_takes_precedence_over_the_table():
     declared = {"standard": 1000.0, "coupled": 500.0, "differential": 800.0}
     study = parse_spec({**BASE, "budget": {**WALLCLOCK, "throughput": declared}, "extend": []})
     assert [r.tokens for r in plan(study, TABLE)] == [r.tokens for r in plan(study)]
-    assert [r.tokens for r in plan(study, TABLE)] != [r.tokens for r in plan(parse_spec({**BASE, "budget": WALLCLOCK, "extend": []}), TABLE)]
+    assert [r.tokens for r in plan(study, TABLE)] != [
+        r.tokens for r in plan(parse_spec({**BASE, "budget": WALLCLOCK, "extend": []}), TABLE)
+    ]
 
 
 def test_throughput_table_file_roundtrip(tmp_path):
@@ -207,11 +217,20 @@ def test_corpus_hash_is_the_prepared_datas_key(tmp_path):
     from data_pipeline import CorpusConfig, TokenizerConfig, prepare
     from orchestrator.plan.inputs import corpus_hashes
 
-    study = parse_spec({**BASE, "corpus": {"source": "mqar", "mqar": {"preset": "easy", "num_train_examples": 64,
-                                                                      "num_val_examples": 16}},
-                        "train": {"seq_len": 64}, "extend": []})
-    prepared = prepare(CorpusConfig.model_validate(study.corpus_map["mqar"].model_dump(mode="json")),
-                       TokenizerConfig.model_validate(study.tokenizer.model_dump(mode="json")), tmp_path, progress=False)
+    study = parse_spec(
+        {
+            **BASE,
+            "corpus": {"source": "mqar", "mqar": {"preset": "easy", "num_train_examples": 64, "num_val_examples": 16}},
+            "train": {"seq_len": 64},
+            "extend": [],
+        }
+    )
+    prepared = prepare(
+        CorpusConfig.model_validate(study.corpus_map["mqar"].model_dump(mode="json")),
+        TokenizerConfig.model_validate(study.tokenizer.model_dump(mode="json")),
+        tmp_path,
+        progress=False,
+    )
     assert corpus_hashes(study) == {"mqar": prepared.content_hash}
 
 

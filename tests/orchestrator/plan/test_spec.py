@@ -23,7 +23,10 @@ MALFORMED = {
     "empty_file": ("", "the spec is empty"),
     "unknown_field": (GOOD + "colour: blue\n", "colour: unknown field"),
     "wrong_type": (GOOD.replace("seeds", "x") + "seeds: three\n", "seeds: Input should be a valid list"),
-    "unknown_variant": (GOOD.replace("standard,", "standard, banana,"), "variants[1]: name: unknown variant 'banana'; allowed: standard, coupled"),
+    "unknown_variant": (
+        GOOD.replace("standard,", "standard, banana,"),
+        "variants[1]: name: unknown variant 'banana'; allowed: standard, coupled",
+    ),
     "unknown_scale": (GOOD.replace("cpu-xs", "cpu-xxl"), "scales[0]: unknown scale 'cpu-xxl'; allowed: cpu-xs"),
     "negative_budget": (GOOD.replace("40960", "-5"), "budget.tokens: budget tokens must be positive, got -5"),
     "negative_budget_of_a_scale": (GOOD.replace("40960", "{cpu-xs: -5}"), "budget.tokens: budget tokens of cpu-xs must be positive"),

@@ -34,11 +34,14 @@ def _write(folder: Path, files: dict[str, str]) -> None:
 
 
 def test_merge_mappings_merge_lists_and_scalars_replace(tmp_path):
-    _write(tmp_path, {
-        "base/root.yaml": BASE,
-        "base/mid.yaml": "extends: root.yaml\nseeds: [7]\neval: {num_evals: 2}\n",  # relative to mid.yaml
-        "study.yaml": "extends: base/mid.yaml\nname: s\nvariants: [standard]\neval: {max_windows: 8}\n",
-    })
+    _write(
+        tmp_path,
+        {
+            "base/root.yaml": BASE,
+            "base/mid.yaml": "extends: root.yaml\nseeds: [7]\neval: {num_evals: 2}\n",  # relative to mid.yaml
+            "study.yaml": "extends: base/mid.yaml\nname: s\nvariants: [standard]\neval: {max_windows: 8}\n",
+        },
+    )
     s = load_spec(tmp_path / "study.yaml")
     assert s.name == "s" and s.tokenizer.vocab_size == 1024 and s.scales == ["cpu-xs"]
     assert [v.name for v in s.variants] == ["standard"]  # a list replaces the base's whole
@@ -48,8 +51,10 @@ def test_merge_mappings_merge_lists_and_scalars_replace(tmp_path):
 
 
 def test_merge_layers_and_origin_on_their_own():
-    layers = [Layer(Path("s.yaml"), {"extends": "b.yaml", "a": {"x": 1}, "l": [3], "n": None}),
-              Layer(Path("b.yaml"), {"a": {"y": 2}, "l": [1, 2], "n": {"k": 1}, "b": 5})]
+    layers = [
+        Layer(Path("s.yaml"), {"extends": "b.yaml", "a": {"x": 1}, "l": [3], "n": None}),
+        Layer(Path("b.yaml"), {"a": {"y": 2}, "l": [1, 2], "n": {"k": 1}, "b": 5}),
+    ]
     assert merge_layers(layers) == {"a": {"y": 2, "x": 1}, "l": [3], "n": None, "b": 5}
     assert origin(layers, ("a", "x")) == Path("s.yaml") and origin(layers, ("a", "y")) == Path("b.yaml")
     assert origin(layers, ("l", 1)) == Path("s.yaml")  # the list is the study's, whole
@@ -59,8 +64,13 @@ def test_merge_layers_and_origin_on_their_own():
 
 
 def test_bad_field_in_the_base_names_the_base(tmp_path):
-    _write(tmp_path, {"base.yaml": BASE.replace("workers: 1", "workers: 0").replace("seeds: [0, 1]", "seedz: [0]"),
-                      "study.yaml": "extends: base.yaml\nname: s\ntrain: {lr: -1}\n"})
+    _write(
+        tmp_path,
+        {
+            "base.yaml": BASE.replace("workers: 1", "workers: 0").replace("seeds: [0, 1]", "seedz: [0]"),
+            "study.yaml": "extends: base.yaml\nname: s\ntrain: {lr: -1}\n",
+        },
+    )
     with pytest.raises(SpecError) as e:
         load_spec(tmp_path / "study.yaml")
     by_loc = {loc: f for (loc, _), f in zip(e.value.problems, e.value.files)}
@@ -73,22 +83,30 @@ def test_bad_field_in_the_base_names_the_base(tmp_path):
 
 
 def test_bad_variant_option_in_the_base_names_the_base(tmp_path):
-    _write(tmp_path, {"base.yaml": BASE.replace("[standard, coupled]", "[standard, {name: coupled, options: {integrator: rk4}}]"),
-                      "study.yaml": "extends: base.yaml\nname: s\n"})
+    _write(
+        tmp_path,
+        {
+            "base.yaml": BASE.replace("[standard, coupled]", "[standard, {name: coupled, options: {integrator: rk4}}]"),
+            "study.yaml": "extends: base.yaml\nname: s\n",
+        },
+    )
     with pytest.raises(SpecError) as e:
         load_spec(tmp_path / "study.yaml")
     assert e.value.problems[0][0] == "variants[1].options" and e.value.files == [str(tmp_path / "base.yaml")]
     assert "rk4" in str(e.value)
 
 
-@pytest.mark.parametrize(("files", "culprit", "message"), [
-    ({"a.yaml": "extends: b.yaml\nname: s\n", "b.yaml": "extends: a.yaml\n" + BASE}, "b.yaml", "extends: cycle: "),
-    ({"a.yaml": "extends: a.yaml\nname: s\n"}, "a.yaml", "extends: cycle: "),
-    ({"a.yaml": "extends: base/nope.yaml\nname: s\n"}, "a.yaml", "extends: base spec "),
-    ({"a.yaml": "extends: [b.yaml]\nname: s\n"}, "a.yaml", "extends: expected the path of a base spec"),
-    ({"a.yaml": "extends: b.yaml\nname: s\n", "b.yaml": "- a list\n"}, "b.yaml", "a base spec must be a YAML mapping"),
-    ({"a.yaml": "extends: b.yaml\nname: s\n", "b.yaml": "x: [unclosed\n"}, "b.yaml", "invalid YAML at line"),
-])
+@pytest.mark.parametrize(
+    ("files", "culprit", "message"),
+    [
+        ({"a.yaml": "extends: b.yaml\nname: s\n", "b.yaml": "extends: a.yaml\n" + BASE}, "b.yaml", "extends: cycle: "),
+        ({"a.yaml": "extends: a.yaml\nname: s\n"}, "a.yaml", "extends: cycle: "),
+        ({"a.yaml": "extends: base/nope.yaml\nname: s\n"}, "a.yaml", "extends: base spec "),
+        ({"a.yaml": "extends: [b.yaml]\nname: s\n"}, "a.yaml", "extends: expected the path of a base spec"),
+        ({"a.yaml": "extends: b.yaml\nname: s\n", "b.yaml": "- a list\n"}, "b.yaml", "a base spec must be a YAML mapping"),
+        ({"a.yaml": "extends: b.yaml\nname: s\n", "b.yaml": "x: [unclosed\n"}, "b.yaml", "invalid YAML at line"),
+    ],
+)
 def test_broken_extends_exits_2_naming_the_file(tmp_path, monkeypatch, files, culprit, message):
     monkeypatch.chdir(tmp_path)
     _write(tmp_path, files)
@@ -110,8 +128,9 @@ STUDIES = sorted(JOBS.glob("*.yaml"))
 def test_every_base_is_extended_and_is_not_a_study():
     """jobs/base/ holds bases only; jobs/*.yaml (what the JOBS tests load) are the studies."""
     assert BASES
-    extended = {(p.parent / yaml.safe_load(p.read_text())["extends"]).resolve()
-                for p in STUDIES if "extends" in yaml.safe_load(p.read_text())}
+    extended = {
+        (p.parent / yaml.safe_load(p.read_text())["extends"]).resolve() for p in STUDIES if "extends" in yaml.safe_load(p.read_text())
+    }
     assert set(BASES) <= extended
     for base in BASES:
         with pytest.raises(SpecError, match="name: Field required"):

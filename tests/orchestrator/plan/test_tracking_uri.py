@@ -17,22 +17,43 @@ from orchestrator.plan.tracking_uri import TRACKING_SCHEMES, TrackingURIError, c
 SPEC = "name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {tokens: 40960}\n"
 
 
-@pytest.mark.parametrize("uri", ["runs/s/mlflow.db", "/abs/mlruns", "file:///tmp/mlruns", "sqlite:///runs/s/mlflow.db",
-                                 "postgresql+psycopg://u:p@db:5432/mlflow", "mysql+pymysql://u@h/db", "http://mlflow:5000",
-                                 "HTTPS://mlflow.example.org", "databricks", "databricks://profile", "C:\\mlruns",
-                                 "C:mlruns", "sqlite:///rel.db?timeout=5"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "runs/s/mlflow.db",
+        "/abs/mlruns",
+        "file:///tmp/mlruns",
+        "sqlite:///runs/s/mlflow.db",
+        "postgresql+psycopg://u:p@db:5432/mlflow",
+        "mysql+pymysql://u@h/db",
+        "http://mlflow:5000",
+        "HTTPS://mlflow.example.org",
+        "databricks",
+        "databricks://profile",
+        "C:\\mlruns",
+        "C:mlruns",
+        "sqlite:///rel.db?timeout=5",
+    ],
+)
 def test_forms_mlflow_serves_pass(uri: str) -> None:
     assert tracking_uri_problem(uri) is None
     assert check_tracking_uri(uri, "--tracking-uri") == uri
 
 
-@pytest.mark.parametrize("uri, why", [("bogus://nowhere", "unsupported tracking URI scheme 'bogus'"),
-                                      ("s3://bucket/mlruns", "unsupported tracking URI scheme 's3'"),  # artifacts only
-                                      ("", "empty tracking URI"), ("  ", "empty tracking URI"),
-                                      ("http+foo://x", r"unsupported tracking URI scheme 'http\+foo'"),  # a driver on http
-                                      ("postgresql+a+b://h/db", r"unsupported tracking URI scheme 'postgresql\+a\+b'"),
-                                      ("SQLITE:///x.db", "database scheme 'SQLITE' .* must be lower case"),
-                                      ("sqlite://", "in-memory SQLite store"), ("sqlite:///:memory:", "in-memory SQLite")])
+@pytest.mark.parametrize(
+    "uri, why",
+    [
+        ("bogus://nowhere", "unsupported tracking URI scheme 'bogus'"),
+        ("s3://bucket/mlruns", "unsupported tracking URI scheme 's3'"),  # artifacts only
+        ("", "empty tracking URI"),
+        ("  ", "empty tracking URI"),
+        ("http+foo://x", r"unsupported tracking URI scheme 'http\+foo'"),  # a driver on http
+        ("postgresql+a+b://h/db", r"unsupported tracking URI scheme 'postgresql\+a\+b'"),
+        ("SQLITE:///x.db", "database scheme 'SQLITE' .* must be lower case"),
+        ("sqlite://", "in-memory SQLite store"),
+        ("sqlite:///:memory:", "in-memory SQLite"),
+    ],
+)
 def test_forms_mlflow_cannot_serve_are_refused(uri: str, why: str) -> None:
     assert re.search(why, tracking_uri_problem(uri) or "")
     with pytest.raises(TrackingURIError, match=f"^MLFLOW_TRACKING_URI: .*{why}"):
@@ -50,8 +71,9 @@ def test_the_schemes_are_mlflows_tracking_store_registry() -> None:
 
 def test_a_spec_with_an_unsupported_tracking_uri_is_refused_naming_the_field(tmp_path) -> None:
     with pytest.raises(SpecError, match="tracking_uri: .*unsupported tracking URI scheme 'bogus'"):
-        parse_spec({"name": "s", "scales": ["cpu-xs"], "variants": ["standard"], "budget": {"tokens": 40960},
-                    "tracking_uri": "bogus://nowhere"})
+        parse_spec(
+            {"name": "s", "scales": ["cpu-xs"], "variants": ["standard"], "budget": {"tokens": 40960}, "tracking_uri": "bogus://nowhere"}
+        )
     spec = tmp_path / "s.yaml"
     spec.write_text(SPEC + "tracking_uri: bogus://nowhere\n")
     res = CliRunner().invoke(app, ["validate", str(spec)])

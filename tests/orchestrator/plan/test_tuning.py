@@ -6,19 +6,15 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator.plan.ladder import FieldError
-from orchestrator.plan.tuning import (
-    Arm,
-    TuneSpec,
-    TuningResult,
-    choose_lr,
-    tuning_flops,
-    tuning_runs,
-    tuning_steps,
-)
+from orchestrator.plan.tuning import Arm, TuneSpec, TuningResult, choose_lr, tuning_flops, tuning_runs, tuning_steps
 
 TPS = 16 * 128
-ARMS = [Arm("standard", "cpu-xs", 100, TPS, 10_000), Arm("coupled", "cpu-xs", 96, TPS, 10_400),
-        Arm("standard", "cpu-s", 80, TPS, 40_000), Arm("coupled", "cpu-s", 78, TPS, 41_000)]
+ARMS = [
+    Arm("standard", "cpu-xs", 100, TPS, 10_000),
+    Arm("coupled", "cpu-xs", 96, TPS, 10_400),
+    Arm("standard", "cpu-s", 80, TPS, 40_000),
+    Arm("coupled", "cpu-s", 78, TPS, 41_000),
+]
 
 
 def _err(**kw):
@@ -34,21 +30,24 @@ def test_valid_grid_is_sorted_and_tokens_keep_their_meaning():
     assert isinstance(TuneSpec(lr=[1e-3], tokens=1.0).tokens, float)
 
 
-@pytest.mark.parametrize("kw, loc, msg", [
-    ({"lr": [1e-3, -1e-3]}, ("lr",), "entry 1 (-0.001) is not a positive learning rate"),
-    ({"lr": [0.0]}, ("lr",), "entry 0 (0.0) is not a positive"),
-    ({"lr": [float("inf")]}, ("lr",), "is not a positive"),
-    ({"lr": []}, ("lr",), "at least 1 item"),
-    ({"lr": [1e-3, 1e-3]}, ("lr",), "learning rates repeat"),
-    ({"tokens": 1.5}, ("tokens",), "a fraction of the planned budget must be in (0, 1], got 1.5"),
-    ({"tokens": 0.0}, ("tokens",), "must be in (0, 1]"),
-    ({"tokens": 0}, ("tokens",), "at least 1 token"),
-    ({"tokens": True}, ("tokens",), "give an integer"),
-    ({"tokens": "half"}, ("tokens",), "give an integer"),
-    ({"seeds": []}, ("seeds",), "at least 1 item"),
-    ({"seeds": [0, 0]}, ("seeds",), "distinct non-negative"),
-    ({"colour": 1}, ("colour",), "Extra inputs"),
-])
+@pytest.mark.parametrize(
+    "kw, loc, msg",
+    [
+        ({"lr": [1e-3, -1e-3]}, ("lr",), "entry 1 (-0.001) is not a positive learning rate"),
+        ({"lr": [0.0]}, ("lr",), "entry 0 (0.0) is not a positive"),
+        ({"lr": [float("inf")]}, ("lr",), "is not a positive"),
+        ({"lr": []}, ("lr",), "at least 1 item"),
+        ({"lr": [1e-3, 1e-3]}, ("lr",), "learning rates repeat"),
+        ({"tokens": 1.5}, ("tokens",), "a fraction of the planned budget must be in (0, 1], got 1.5"),
+        ({"tokens": 0.0}, ("tokens",), "must be in (0, 1]"),
+        ({"tokens": 0}, ("tokens",), "at least 1 token"),
+        ({"tokens": True}, ("tokens",), "give an integer"),
+        ({"tokens": "half"}, ("tokens",), "give an integer"),
+        ({"seeds": []}, ("seeds",), "at least 1 item"),
+        ({"seeds": [0, 0]}, ("seeds",), "distinct non-negative"),
+        ({"colour": 1}, ("colour",), "Extra inputs"),
+    ],
+)
 def test_bad_grids_are_refused_naming_the_field(kw, loc, msg):
     got_loc, got_msg = _err(**kw)
     assert got_loc == loc and msg in got_msg
@@ -59,8 +58,12 @@ def test_tuning_runs_per_variant_scale_lr_seed_with_their_own_identity():
     runs = tuning_runs(tune, ARMS, default_seeds=[5, 6, 7])
     assert len(runs) == 4 * 3 * 2 and all(r.kind == "tune" for r in runs)
     steps = {(r.variant, r.scale): r.steps for r in runs}
-    assert steps == {("standard", "cpu-xs"): 25, ("coupled", "cpu-xs"): 24, ("standard", "cpu-s"): 20,
-                     ("coupled", "cpu-s"): 20}  # 0.25 x planned steps: 25, 24, 20, 19.5 -> 20 (half to even)
+    assert steps == {
+        ("standard", "cpu-xs"): 25,
+        ("coupled", "cpu-xs"): 24,
+        ("standard", "cpu-s"): 20,
+        ("coupled", "cpu-s"): 20,
+    }  # 0.25 x planned steps: 25, 24, 20, 19.5 -> 20 (half to even)
     ids = [tuple(sorted(r.identity().items())) for r in runs]
     assert len(set(ids)) == len(runs)  # lr and seed enter identity
     assert ids == [tuple(sorted(r.identity().items())) for r in tuning_runs(tune, ARMS, [5, 6, 7])]  # resubmit: same
@@ -99,9 +102,14 @@ def _res(variant, lr, seed, loss, status="finished", scale="cpu-xs"):
 
 
 def test_choose_lr_is_the_grid_argmin_of_the_seed_mean():
-    results = [_res("standard", 1e-3, 0, 3.30), _res("standard", 1e-3, 1, 3.32),
-               _res("standard", 3e-3, 0, 3.20), _res("standard", 3e-3, 1, 3.26),
-               _res("standard", 1e-2, 0, 3.10), _res("standard", 1e-2, 1, 3.40)]  # mean 3.25 vs 3.23
+    results = [
+        _res("standard", 1e-3, 0, 3.30),
+        _res("standard", 1e-3, 1, 3.32),
+        _res("standard", 3e-3, 0, 3.20),
+        _res("standard", 3e-3, 1, 3.26),
+        _res("standard", 1e-2, 0, 3.10),
+        _res("standard", 1e-2, 1, 3.40),
+    ]  # mean 3.25 vs 3.23
     c = choose_lr(results, GRID, [0, 1])[("standard", "cpu-xs")]
     assert c.lr == 3e-3 and c.val_loss == pytest.approx(3.23) and c.edge is None and c.complete
     assert c.table == pytest.approx({1e-3: 3.31, 3e-3: 3.23, 1e-2: 3.25})
@@ -110,9 +118,14 @@ def test_choose_lr_is_the_grid_argmin_of_the_seed_mean():
 
 
 def test_diverged_and_failed_runs_count_as_infinite_loss():
-    results = [_res("differential", 1e-3, 0, 3.30), _res("differential", 1e-3, 1, 3.31),
-               _res("differential", 3e-3, 0, 3.10), _res("differential", 3e-3, 1, float("nan")),  # blew up
-               _res("differential", 1e-2, 0, None, "diverged"), _res("differential", 1e-2, 1, 3.0, "failed")]
+    results = [
+        _res("differential", 1e-3, 0, 3.30),
+        _res("differential", 1e-3, 1, 3.31),
+        _res("differential", 3e-3, 0, 3.10),
+        _res("differential", 3e-3, 1, float("nan")),  # blew up
+        _res("differential", 1e-2, 0, None, "diverged"),
+        _res("differential", 1e-2, 1, 3.0, "failed"),
+    ]
     c = choose_lr(results, GRID, [0, 1])[("differential", "cpu-xs")]
     assert c.table[3e-3] == math.inf and c.table[1e-2] == math.inf
     assert c.lr == 1e-3 and c.edge == "lowest" and c.val_loss == pytest.approx(3.305)
@@ -130,10 +143,15 @@ def test_edge_flags_and_ties():
 
 
 def test_choice_per_arm_with_missing_runs_and_string_round_tripped_lrs():
-    results = [_res("standard", float(str(3e-3)), 0, 3.2), _res("standard", 1e-3, 0, 3.3),
-               _res("coupled", 1e-2, 0, 3.0, scale="cpu-s"), _res("coupled", 1e-3, 0, 3.1, scale="cpu-s"),
-               _res("standard", 1e-2, 0, 9.9, "running"),  # not a result yet
-               _res("standard", 3e-2, 0, 1.0), _res("standard", 1e-2, 7, 1.0)]  # off-grid LR / seed: ignored
+    results = [
+        _res("standard", float(str(3e-3)), 0, 3.2),
+        _res("standard", 1e-3, 0, 3.3),
+        _res("coupled", 1e-2, 0, 3.0, scale="cpu-s"),
+        _res("coupled", 1e-3, 0, 3.1, scale="cpu-s"),
+        _res("standard", 1e-2, 0, 9.9, "running"),  # not a result yet
+        _res("standard", 3e-2, 0, 1.0),
+        _res("standard", 1e-2, 7, 1.0),
+    ]  # off-grid LR / seed: ignored
     out = choose_lr(results, GRID, [0])
     assert set(out) == {("standard", "cpu-xs"), ("coupled", "cpu-s")}
     s = out[("standard", "cpu-xs")]

@@ -10,9 +10,17 @@ from mlflow import MlflowClient
 from orchestrator.report import build_report
 from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
-MQAR = SyntheticStudy(study="mqar-acc", variants={"standard": 1.0, "coupled": 1.5}, scales={"xs": 2e6, "s": 8e6},
-                      seeds=(0, 1, 2), extend=(2.0,), n_eval=6, accuracy={"standard": 0.62, "coupled": 0.97},
-                      accuracy_noise=0.01, corpus="mqar")
+MQAR = SyntheticStudy(
+    study="mqar-acc",
+    variants={"standard": 1.0, "coupled": 1.5},
+    scales={"xs": 2e6, "s": 8e6},
+    seeds=(0, 1, 2),
+    extend=(2.0,),
+    n_eval=6,
+    accuracy={"standard": 0.62, "coupled": 0.97},
+    accuracy_noise=0.01,
+    corpus="mqar",
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +34,11 @@ def _logged(synthetic_store) -> pd.DataFrame:
     """final/val_accuracy of every x1 run, read back through the MLflow client."""
     client = MlflowClient(synthetic_store)
     exp = client.get_experiment_by_name(MQAR.study)
-    rows = [{"scale": r.data.tags["scale"], "variant": r.data.tags["variant"], "acc": r.data.metrics["final/val_accuracy"]}
-            for r in client.search_runs([exp.experiment_id]) if r.data.tags["extend"] == "1"]
+    rows = [
+        {"scale": r.data.tags["scale"], "variant": r.data.tags["variant"], "acc": r.data.metrics["final/val_accuracy"]}
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags["extend"] == "1"
+    ]
     return pd.DataFrame(rows)
 
 

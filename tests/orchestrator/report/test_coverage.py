@@ -28,8 +28,14 @@ SHARED = 0.5  # fraction of the seed variance shared by the runs of one seed
 
 def _study(sigma: float, n_seeds: int, truth: float, shared: float = SHARED) -> SyntheticStudy:
     own = sigma * np.sqrt(1 - shared)
-    return SyntheticStudy(variants={"standard": 1.0, "v": truth}, scales={"xs": 2e6}, seeds=tuple(range(n_seeds)),
-                          tokens_per_param=0.3, seed_noise={"standard": own, "v": own}, seed_shared=sigma * np.sqrt(shared))
+    return SyntheticStudy(
+        variants={"standard": 1.0, "v": truth},
+        scales={"xs": 2e6},
+        seeds=tuple(range(n_seeds)),
+        tokens_per_param=0.3,
+        seed_noise={"standard": own, "v": own},
+        seed_shared=sigma * np.sqrt(shared),
+    )
 
 
 def _covers(r, truth: float) -> bool:

@@ -88,25 +88,35 @@ def quoted_numbers(root: Path) -> list[Quote]:
                 out.append((None, f"{tr.loc[v, 'token_ratio']} {tr.loc[v, 'interval_95']}"))
             if v in paired.index:
                 p = paired.loc[v]
-                vs = (f"{p.paired_ppl_pct:+.1f}% [{p.paired_ppl_pct_low:+.1f}, {p.paired_ppl_pct_high:+.1f}] | "
-                      f"{_p(p.p_value)} | {p.verdict} | {p.detectable:.3f} | {int(p.seeds_needed)} | "
-                      f"{tr.loc[v, 'token_ratio']} {tr.loc[v, 'interval_95']}")
+                vs = (
+                    f"{p.paired_ppl_pct:+.1f}% [{p.paired_ppl_pct_low:+.1f}, {p.paired_ppl_pct_high:+.1f}] | "
+                    f"{_p(p.p_value)} | {p.verdict} | {p.detectable:.3f} | {int(p.seeds_needed)} | "
+                    f"{tr.loc[v, 'token_ratio']} {tr.loc[v, 'interval_95']}"
+                )
             else:
                 vs = "reference | reference | reference | reference | reference | -"
-            out.append((sec, f"| {v} | {tuning.loc[v, 'chosen_lr']:g} | {r.mean_ppl:.2f} ± {r.std:.2f} ({r.n_seeds}) | "
-                             f"{uni.loc[v, 'ppl_over_unigram']:.2f} ({uni.loc[v, 'worst_seed_over_unigram']:.2f}) | {vs} | "
-                             f"{cost.loc[v, 'time_per_token_ratio']:.2f} | {att.loc[v, 'effective_rank']:.1f} |"))
+            out.append(
+                (
+                    sec,
+                    f"| {v} | {tuning.loc[v, 'chosen_lr']:g} | {r.mean_ppl:.2f} ± {r.std:.2f} ({r.n_seeds}) | "
+                    f"{uni.loc[v, 'ppl_over_unigram']:.2f} ({uni.loc[v, 'worst_seed_over_unigram']:.2f}) | {vs} | "
+                    f"{cost.loc[v, 'time_per_token_ratio']:.2f} | {att.loc[v, 'effective_rank']:.1f} |",
+                )
+            )
         for r in paired.itertuples():
             out.append((None, f"{r.paired_ppl_pct:+.1f}% [{r.paired_ppl_pct_low:+.1f}, {r.paired_ppl_pct_high:+.1f}]"))
         runs = pd.read_csv(folder / "runs.csv")
         ref = runs[runs["variant"] == "standard"].sort_values(["seed", "extend"])
         cells = [" / ".join(f"{p:.2f}" for p in g["final_ppl"]) for _, g in ref.groupby("seed")]
-        out.append(("### The reference's curve (the ratio interpolates a real curve)",
-                    f"| {corpus} | " + " | ".join(cells) + " |"))
+        out.append(("### The reference's curve (the ratio interpolates a real curve)", f"| {corpus} | " + " | ".join(cells) + " |"))
         if corpus == "stdlib":  # the LRs were tuned on stdlib: its tuning losses at the chosen LR
             t = tuning.apply(lambda r: r[f"lr {r['chosen_lr']:g}"], axis=1)
-            out.append(("## Results per corpus", f"standard {t['standard']:.3f}, coupled {t['coupled']:.3f}, "
-                                                 f"uncoupled {t['uncoupled_mlp']:.3f} nats"))
+            out.append(
+                (
+                    "## Results per corpus",
+                    f"standard {t['standard']:.3f}, coupled {t['coupled']:.3f}, uncoupled {t['uncoupled_mlp']:.3f} nats",
+                )
+            )
     for study in MQAR:
         preset = study.rsplit("-", 1)[1]
         for folder in _folders(study, root):
@@ -114,8 +124,7 @@ def quoted_numbers(root: Path) -> list[Quote]:
             uni = pd.read_csv(folder / "unigram.csv").set_index("variant")
             for r in pd.read_csv(folder / "final_ppl.csv").itertuples():
                 a = acc.loc[r.variant]
-                row = (f"| {preset} | {r.variant} | {_pct(a['mean'])}% ± {_pct(a['std'])} | "
-                       f"{r.mean_ppl:.2f} ± {r.std:.2f} |")
+                row = f"| {preset} | {r.variant} | {_pct(a['mean'])}% ± {_pct(a['std'])} | {r.mean_ppl:.2f} ± {r.std:.2f} |"
                 out.append(("## MQAR", row))
                 if preset in UNIGRAM_QUOTED:
                     out.append(("## MQAR", f"{row} {uni.loc[r.variant, 'unigram_ppl']:.1f} |"))
@@ -165,8 +174,7 @@ def test_the_quote_check_fails_on_a_misquote(tmp_path):
     quoted = f"{r.paired_ppl_pct:+.1f}% [{r.paired_ppl_pct_low:+.1f}, {r.paired_ppl_pct_high:+.1f}]"
     missing = missing_quotes(TEXT, tmp_path)
     assert (None, quoted) in missing
-    assert any(sec == "### kerneldoc: unigram perplexity 543.0" and f"| {r.variant} |" in s and quoted in s
-               for sec, s in missing), missing
+    assert any(sec == "### kerneldoc: unigram perplexity 543.0" and f"| {r.variant} |" in s and quoted in s for sec, s in missing), missing
     shutil.copy(RESULTS / MAIN / "kerneldoc" / "paired.csv", path)
     typo = missing_quotes(TEXT.replace("| easy | coupled | 13.9% ± 6.9 |", "| easy | coupled | 13.8% ± 6.9 |"), tmp_path)
     assert typo == [("## MQAR", "| easy | coupled | 13.9% ± 6.9 | 71.56 ± 16.98 |")], typo

@@ -58,8 +58,13 @@ def quoted_numbers(report: Path) -> list[Quote]:
         s, d = by.loc[(rung, "standard")], by.loc[(rung, "differential")]
         ts, td = tuning.loc[("standard", rung)], tuning.loc[("differential", rung)]
         edge = EDGE.get(ts["edge"], "") if ts["edge"] == td["edge"] else "?"
-        out.append((SECTION, f"| {rung} | {int(s.n_params):,} | {int(s.tokens):,} | {s.mean_ppl:.2f} ± {s['std']:.2f} | "
-                             f"{d.mean_ppl:.2f} ± {d['std']:.2f} | {ts.chosen_lr:g} / {td.chosen_lr:g}{edge} |"))
+        out.append(
+            (
+                SECTION,
+                f"| {rung} | {int(s.n_params):,} | {int(s.tokens):,} | {s.mean_ppl:.2f} ± {s['std']:.2f} | "
+                f"{d.mean_ppl:.2f} ± {d['std']:.2f} | {ts.chosen_lr:g} / {td.chosen_lr:g}{edge} |",
+            )
+        )
     paired = pd.read_csv(report / "paired.csv").set_index("scale").loc[RUNGS]
     out.append((SECTION, "(" + ", ".join(f"{p:+.0f}%" for p in paired["paired_ppl_pct"]) + ", seed-paired)"))
     uni = pd.read_csv(report / "unigram.csv")

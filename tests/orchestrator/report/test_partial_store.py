@@ -49,16 +49,37 @@ def partial_store(tmp_path_factory):
     for seed in (0, 1):
         # Another tool: the documented tags and metrics, no qkstudy params at all.
         for extend in (1, 2):
-            _log_run(client, eid, f"standard-s{seed}-x{extend}", base | {"variant": "standard", "seed": str(seed), "extend": str(extend),
-                     "status": "finished"}, {}, tokens=100_000 * extend)
-        _log_run(client, eid, f"coupled-s{seed}-x1", base | {"variant": "coupled", "seed": str(seed), "extend": "1", "status": "finished"},
-                 {}, shift=-0.1)
+            _log_run(
+                client,
+                eid,
+                f"standard-s{seed}-x{extend}",
+                base | {"variant": "standard", "seed": str(seed), "extend": str(extend), "status": "finished"},
+                {},
+                tokens=100_000 * extend,
+            )
+        _log_run(
+            client,
+            eid,
+            f"coupled-s{seed}-x1",
+            base | {"variant": "coupled", "seed": str(seed), "extend": "1", "status": "finished"},
+            {},
+            shift=-0.1,
+        )
         # An older version: no final pass, no status tag (MLflow's FINISHED is read instead).
-        _log_run(client, eid, f"uncoupled-s{seed}-x1", base | {"variant": "uncoupled_mlp", "seed": str(seed), "extend": "1"}, {},
-                 final=False)
+        _log_run(
+            client, eid, f"uncoupled-s{seed}-x1", base | {"variant": "uncoupled_mlp", "seed": str(seed), "extend": "1"}, {}, final=False
+        )
     # A crashed writer: still RUNNING, half a curve.
-    _log_run(client, eid, "differential-s0-x1", base | {"variant": "differential", "seed": "0", "extend": "1", "status": "running"},
-             {"n_params": 1000, "flops_per_token": 6000}, final=False, terminate=None, tokens=50_000)
+    _log_run(
+        client,
+        eid,
+        "differential-s0-x1",
+        base | {"variant": "differential", "seed": "0", "extend": "1", "status": "running"},
+        {"n_params": 1000, "flops_per_token": 6000},
+        final=False,
+        terminate=None,
+        tokens=50_000,
+    )
     # Not a run of this study's design: no variant tag.
     _log_run(client, eid, "someone-elses-run", {"study": "partial"}, {}, final=True)
     # A study in which nothing can be placed.

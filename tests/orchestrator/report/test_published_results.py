@@ -51,11 +51,16 @@ def quoted_numbers(report: Path) -> list[Quote]:
             out.append((None, f"{r.mean_ppl:.2f} ± {r.std:.2f}"))
             ratio = "—" if key not in tr.index else f"{tr.loc[key, 'token_ratio']} {tr.loc[key, 'interval_95']}"
             c, a = cost.loc[key], att.loc[key]
-            out.append((sec, f"| {r.scale} | {r.variant} | {r.mean_ppl:.2f} ± {r.std:.2f} ({r.n_seeds}) | "
-                             f"{r.change_vs_reference_pct:+.1f}% | {ratio} | "
-                             f"{c.time_per_token_ratio:.3f} ± {c.time_per_token_ratio_std:.3f} | "
-                             f"{c.wall_ratio:.3f} ± {c.wall_ratio_std:.3f} | "
-                             f"{a.effective_rank:.2f} ± {a.effective_rank_std:.2f} |"))
+            out.append(
+                (
+                    sec,
+                    f"| {r.scale} | {r.variant} | {r.mean_ppl:.2f} ± {r.std:.2f} ({r.n_seeds}) | "
+                    f"{r.change_vs_reference_pct:+.1f}% | {ratio} | "
+                    f"{c.time_per_token_ratio:.3f} ± {c.time_per_token_ratio_std:.3f} | "
+                    f"{c.wall_ratio:.3f} ± {c.wall_ratio_std:.3f} | "
+                    f"{a.effective_rank:.2f} ± {a.effective_rank_std:.2f} |",
+                )
+            )
     paired = {c: read[c]("paired").set_index(["scale", "variant"]) for c in CORPORA}
     # Findings 1: the range of coupled's paired p-values over the six cells.
     ps = pd.concat([paired[c].xs("coupled", level="variant")["p_value"] for c in CORPORA])
@@ -66,11 +71,21 @@ def quoted_numbers(report: Path) -> list[Quote]:
 
     # Findings 2: the one detectable difference, uncoupled MLP at stdlib cpu-m.
     u = paired["stdlib"].loc[("cpu-m", "uncoupled_mlp")]
-    out.append(("## Findings", f"paired Δ loss {_minus(u.paired_dloss, '+.3f')} nats [{_minus(u.paired_low, '+.3f')}, "
-                               f"{_minus(u.paired_high, '+.3f')}], p = {u.p_value:.3f}"))
+    out.append(
+        (
+            "## Findings",
+            f"paired Δ loss {_minus(u.paired_dloss, '+.3f')} nats [{_minus(u.paired_low, '+.3f')}, "
+            f"{_minus(u.paired_high, '+.3f')}], p = {u.p_value:.3f}",
+        )
+    )
     # Findings 5: coupled at cpu-m on both corpora.
-    out.append(("## Findings", f"paired Δ loss {dloss(paired['stdlib'].loc[('cpu-m', 'coupled')])} nats on stdlib, "
-                               f"{dloss(paired['mixed'].loc[('cpu-m', 'coupled')])} on the mixture"))
+    out.append(
+        (
+            "## Findings",
+            f"paired Δ loss {dloss(paired['stdlib'].loc[('cpu-m', 'coupled')])} nats on stdlib, "
+            f"{dloss(paired['mixed'].loc[('cpu-m', 'coupled')])} on the mixture",
+        )
+    )
     # Findings 8: standard's finals rise with scale on stdlib.
     fp = read["stdlib"]("final_ppl")
     std = fp[fp["variant"] == "standard"].set_index("scale").loc[["cpu-xs", "cpu-s", "cpu-m"], "mean_ppl"]
@@ -135,5 +150,4 @@ def _no_unsupported_scaling_claims(summary, out):
         for axis in ("N", "flops"):
             assert fits[axis]["fit"] is None, (variant, axis)
             assert "needs at least 4 distinct scales" in fits[axis]["reason"] and "loss does not fall with" in fits[axis]["reason"]
-    assert all(c["n"] is None and c["note"].startswith("no advantage at the smallest measured scale")
-               for c in parts["crossover"].values())
+    assert all(c["n"] is None and c["note"].startswith("no advantage at the smallest measured scale") for c in parts["crossover"].values())

@@ -120,12 +120,28 @@ def test_interior_interval_end_is_not_marked_censored():
     '>1.49' because some draw beyond it was censored)."""
     from orchestrator.report.ratio import token_ratio
 
-    ppl = {("coupled", 1.0): [165.408, 164.773, 126.361], ("standard", 1.0): [143.954, 141.273, 128.6],
-           ("standard", 1.5): [103.666, 108.975, 87.188], ("standard", 2.0): [72.987, 87.03, 69.386],
-           ("standard", 3.0): [52.379, 58.247, 50.679]}
-    rows = [dict(scale="cpu-xs", variant=v, seed=i, extend=e, tokens=(159744 if v == "coupled" else 163840 * e),
-                 final_ppl=p, complete=True, flops_per_token=1.0, final_wall_s=1.0)
-            for (v, e), ps in ppl.items() for i, p in enumerate(ps)]
+    ppl = {
+        ("coupled", 1.0): [165.408, 164.773, 126.361],
+        ("standard", 1.0): [143.954, 141.273, 128.6],
+        ("standard", 1.5): [103.666, 108.975, 87.188],
+        ("standard", 2.0): [72.987, 87.03, 69.386],
+        ("standard", 3.0): [52.379, 58.247, 50.679],
+    }
+    rows = [
+        dict(
+            scale="cpu-xs",
+            variant=v,
+            seed=i,
+            extend=e,
+            tokens=(159744 if v == "coupled" else 163840 * e),
+            final_ppl=p,
+            complete=True,
+            flops_per_token=1.0,
+            final_wall_s=1.0,
+        )
+        for (v, e), ps in ppl.items()
+        for i, p in enumerate(ps)
+    ]
     r = token_ratio("cpu-xs", "coupled", "standard", pd.DataFrame(rows))
     assert r.token_ratio.display() == "<1.03x"
     assert r.ci_low_side == "<" and r.ci_high_side == "" and 1.03 < r.ci_high < 3.0
@@ -161,15 +177,16 @@ def test_single_run_estimate_reads_the_curve_at_the_variants_last_curve_point():
     from orchestrator.report.ratio import token_ratio
 
     d_c = 1e5
-    rows = [dict(scale="xs", variant=v, seed=s, extend=e, tokens=d_c * e, final_ppl=p, complete=True,
-                 flops_per_token=1.0, final_wall_s=1.0)
-            for v, e, p in (("coupled", 1.0, 12.0), ("standard", 1.0, 14.0), ("standard", 3.0, 8.0)) for s in (0, 1)]
+    rows = [
+        dict(scale="xs", variant=v, seed=s, extend=e, tokens=d_c * e, final_ppl=p, complete=True, flops_per_token=1.0, final_wall_s=1.0)
+        for v, e, p in (("coupled", 1.0, 12.0), ("standard", 1.0, 14.0), ("standard", 3.0, 8.0))
+        for s in (0, 1)
+    ]
     ref_steps = np.array([1e5, 2e5, 2.5e5, 3e5])
     curves = pd.DataFrame(
-        [dict(scale="xs", variant="standard", extend=3.0, step=t, mean=p, n_seeds=2)
-         for t, p in zip(ref_steps, (16.0, 12.0, 10.0, 9.0))]
-        + [dict(scale="xs", variant="coupled", extend=1.0, step=t, mean=p, n_seeds=2)
-           for t, p in ((5e4, 20.0), (1e5, 10.0))])
+        [dict(scale="xs", variant="standard", extend=3.0, step=t, mean=p, n_seeds=2) for t, p in zip(ref_steps, (16.0, 12.0, 10.0, 9.0))]
+        + [dict(scale="xs", variant="coupled", extend=1.0, step=t, mean=p, n_seeds=2) for t, p in ((5e4, 20.0), (1e5, 10.0))]
+    )
     r = token_ratio("xs", "coupled", "standard", pd.DataFrame(rows), curves)
     assert r.single_run.value == pytest.approx(2.5) and not r.single_run.censored
     assert "coupled's last eval point (10)" in r.single_run_source

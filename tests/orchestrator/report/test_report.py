@@ -56,9 +56,7 @@ def test_target_beyond_extend_range_is_censored_not_extrapolated(main_report):
 def test_failed_and_missing_runs_are_listed(main_report):
     summary, out = main_report
     runs = summary["runs"]
-    assert [(r["run_name"], r["detail"]) for r in runs["failed"]] == [
-        ("coupled-s-s2-x1", "synthetic failure: loss became NaN")
-    ]
+    assert [(r["run_name"], r["detail"]) for r in runs["failed"]] == [("coupled-s-s2-x1", "synthetic failure: loss became NaN")]
     assert [(r["variant"], r["scale"], r["seed"], r["extend"]) for r in runs["missing"]] == [("standard", "m", 1, 2.0)]
     md = (out / "report.md").read_text()
     assert "coupled-s-s2-x1" in md and "synthetic failure: loss became NaN" in md
@@ -169,7 +167,11 @@ def test_paper_numbers_printed_beside_matching_scales(synthetic_store, tmp_path)
     write_synthetic_study(spec, synthetic_store)
     build_report(spec.study, synthetic_store, tmp_path / "r", log_to_mlflow=False, n_boot=20)
     final_section = (tmp_path / "r" / "report.md").read_text().split("## Paper reference numbers")[0]
-    rows = {line.split("|")[1].strip() + "/" + line.split("|")[2].strip(): line for line in final_section.splitlines() if line.startswith("| ") and "±" in line}
+    rows = {
+        line.split("|")[1].strip() + "/" + line.split("|")[2].strip(): line
+        for line in final_section.splitlines()
+        if line.startswith("| ") and "±" in line
+    }
     assert "24.22" in rows["60m/standard"] and "22.55-22.62" in rows["60m/coupled"]
     assert "nan" not in rows["cpu-xs/coupled"] and "—" in rows["cpu-xs/coupled"]
 

@@ -15,9 +15,21 @@ REF, VAR = (2.0, 3.0, 0.3), (2.1, 2.6, 0.3)  # (E, A, alpha): VAR is better belo
 def _finals(laws: dict, n: np.ndarray, seeds=(0, 1, 2), noise=0.003, rng=None) -> pd.DataFrame:
     """Planned finished runs whose loss is E + A (N/X0)^-alpha (+ seed noise) per variant."""
     rng = rng or np.random.default_rng(0)
-    rows = [dict(variant=v, scale=f"s{i}", seed=s, extend=1.0, complete=True, n_params=x, final_flops=120 * x * x,
-                 final_ppl=np.exp(law(x) + rng.normal(0, noise)))
-            for v, law in laws.items() for i, x in enumerate(n) for s in seeds]
+    rows = [
+        dict(
+            variant=v,
+            scale=f"s{i}",
+            seed=s,
+            extend=1.0,
+            complete=True,
+            n_params=x,
+            final_flops=120 * x * x,
+            final_ppl=np.exp(law(x) + rng.normal(0, noise)),
+        )
+        for v, law in laws.items()
+        for i, x in enumerate(n)
+        for s in seeds
+    ]
     return pd.DataFrame(rows)
 
 
@@ -27,8 +39,9 @@ def _law(E, A, alpha):
 
 def test_true_power_law_on_five_scales_recovers_alpha_and_the_crossover():
     n = np.logspace(6, 8, 5)
-    res = scaling_analysis(_finals({"standard": _law(*REF), "coupled": _law(*VAR)}, n), "standard", n_boot=200,
-                           rng=np.random.default_rng(1))
+    res = scaling_analysis(
+        _finals({"standard": _law(*REF), "coupled": _law(*VAR)}, n), "standard", n_boot=200, rng=np.random.default_rng(1)
+    )
     for v, (E, _, alpha) in (("standard", REF), ("coupled", VAR)):
         fit = res["fits"][v]["N"]
         assert fit["reason"] is None and fit["fit"]["alpha"] == pytest.approx(alpha, abs=0.02)
@@ -45,8 +58,9 @@ def test_three_scales_are_refused_unless_the_exponent_is_fixed():
     f = _finals({"standard": _law(*REF), "coupled": _law(*VAR)}, n)
     res = scaling_analysis(f, "standard", n_boot=20)
     assert res["fits"]["standard"]["N"]["fit"] is None
-    assert res["fits"]["standard"]["N"]["reason"] == ("3 scales for a 3-parameter law: a fit needs at least 4 distinct scales, "
-                                                      "or a fixed exponent")
+    assert res["fits"]["standard"]["N"]["reason"] == (
+        "3 scales for a 3-parameter law: a fit needs at least 4 distinct scales, or a fixed exponent"
+    )
     assert res["crossover"]["coupled"]["n"] is None and "refused" in res["crossover"]["coupled"]["note"]
     fixed = scaling_analysis(f, "standard", n_boot=50, fixed_alpha=0.3)
     assert fixed["fixed_alpha"] == 0.3 and fixed["fits"]["standard"]["N"]["fit"]["alpha"] == 0.3
@@ -56,8 +70,7 @@ def test_three_scales_are_refused_unless_the_exponent_is_fixed():
 def test_loss_rising_with_n_is_refused_and_says_where():
     """The published CPU study's shape: bigger models got fewer steps and ended worse."""
     n = np.logspace(6, 8, 5)
-    res = scaling_analysis(_finals({"standard": lambda x: 4.9 + 0.1 * np.log10(x / 1e6), "coupled": _law(*VAR)}, n), "standard",
-                           n_boot=20)
+    res = scaling_analysis(_finals({"standard": lambda x: 4.9 + 0.1 * np.log10(x / 1e6), "coupled": _law(*VAR)}, n), "standard", n_boot=20)
     why = res["fits"]["standard"]["N"]["reason"]
     assert why.startswith("loss does not fall with N: seed-mean loss 4.90") and "at N = 1e+06 rises to 4.95" in why
     assert res["fits"]["coupled"]["N"]["reason"] is None  # the other variant's law is fine

@@ -78,8 +78,7 @@ def test_finished_runs_without_a_split_are_counted_and_said():
     summary: dict = {}
     time_split.attach(summary, {}, runs, metrics)
     assert summary["time_split"]["runs"] == 3 and summary["time_split"]["finished"] == 4
-    assert time_split.section_text(summary["time_split"])[0].startswith(
-        "3 of 4 finished training runs (the others logged no split)")
+    assert time_split.section_text(summary["time_split"])[0].startswith("3 of 4 finished training runs (the others logged no split)")
     only_old = runs[runs["run_uuid"] == "old"]
     time_split.attach(summary, {}, only_old, metrics[metrics["run_uuid"] == "old"])
     assert "no finished training run logged one" in time_split.section_text(summary["time_split"])[0]

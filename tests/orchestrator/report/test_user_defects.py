@@ -15,7 +15,12 @@ from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
 # One variant only, and its single run failed half-way: no finished run anywhere.
 ONLY_FAILED = SyntheticStudy(
-    study="only-failed", variants={"standard": 1.0}, scales={"xs": 2e6}, seeds=(0,), extend=(), n_eval=6,
+    study="only-failed",
+    variants={"standard": 1.0},
+    scales={"xs": 2e6},
+    seeds=(0,),
+    extend=(),
+    n_eval=6,
     failed=(("standard", "xs", 0, 1.0),),
 )
 # One variant, finished: no non-reference variant to compare.
@@ -33,8 +38,16 @@ def extra_store(synthetic_store):
     client.create_experiment("no-runs")
     # A run that failed at start-up: tags only, no params, not one metric.
     eid = client.create_experiment("failed-at-start")
-    tags = {"study": "failed-at-start", "variant": "standard", "scale": "xs", "seed": "0", "extend": "1",
-            "status": "failed", "failure_reason": "CUDA out of memory", "qkstudy.kind": "train"}
+    tags = {
+        "study": "failed-at-start",
+        "variant": "standard",
+        "scale": "xs",
+        "seed": "0",
+        "extend": "1",
+        "status": "failed",
+        "failure_reason": "CUDA out of memory",
+        "qkstudy.kind": "train",
+    }
     rid = client.create_run(eid, run_name="standard-xs-s0-x1", tags=tags).info.run_id
     client.set_terminated(rid, status="FAILED")
     return synthetic_store

@@ -16,10 +16,21 @@ def _finals(rng, n_seeds=3, shared=0.1, own=0.005, shift=TRUE_DLOSS, variant_see
     """x1 finals of one scale: loss 5 + shared[seed] + own noise (+ shift for the variant)."""
     seeds = np.arange(n_seeds)
     common = rng.normal(0.0, shared, n_seeds)
-    rows = [dict(scale="xs", variant="standard", seed=s, extend=1.0, complete=True, final_ppl=np.exp(5 + common[s] + rng.normal(0, own)))
-            for s in seeds]
-    rows += [dict(scale="xs", variant="coupled", seed=s, extend=1.0, complete=True,
-                  final_ppl=np.exp(5 + shift + common[s % n_seeds] + rng.normal(0, own))) for s in (variant_seeds or seeds)]
+    rows = [
+        dict(scale="xs", variant="standard", seed=s, extend=1.0, complete=True, final_ppl=np.exp(5 + common[s] + rng.normal(0, own)))
+        for s in seeds
+    ]
+    rows += [
+        dict(
+            scale="xs",
+            variant="coupled",
+            seed=s,
+            extend=1.0,
+            complete=True,
+            final_ppl=np.exp(5 + shift + common[s % n_seeds] + rng.normal(0, own)),
+        )
+        for s in (variant_seeds or seeds)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -45,22 +56,27 @@ def test_without_shared_noise_pairing_gains_nothing():
     """Negative control: independent noise per run, so paired and unpaired widths agree on average."""
     ratios = []
     for rep in range(200):
-        row = paired_differences(_finals(np.random.default_rng(rep), shared=0.0, own=0.05), ["xs"], ["standard", "coupled"],
-                                 "standard").iloc[0]
+        row = paired_differences(
+            _finals(np.random.default_rng(rep), shared=0.0, own=0.05), ["xs"], ["standard", "coupled"], "standard"
+        ).iloc[0]
         ratios.append((row["paired_high"] - row["paired_low"]) / (row["unpaired_high"] - row["unpaired_low"]))
     assert 0.8 < np.median(ratios) < 1.5
 
 
 def test_paired_interval_covers_the_true_difference_at_its_nominal_rate():
-    hits = [(lambda r: r["paired_low"] <= TRUE_DLOSS <= r["paired_high"])(
-        paired_differences(_finals(np.random.default_rng(rep), own=0.03), ["xs"], ["standard", "coupled"], "standard").iloc[0])
-        for rep in range(300)]
+    hits = [
+        (lambda r: r["paired_low"] <= TRUE_DLOSS <= r["paired_high"])(
+            paired_differences(_finals(np.random.default_rng(rep), own=0.03), ["xs"], ["standard", "coupled"], "standard").iloc[0]
+        )
+        for rep in range(300)
+    ]
     assert 0.92 <= np.mean(hits) <= 0.98
 
 
 def test_unmatched_seeds_are_named_and_too_few_pairs_give_no_verdict():
-    row = paired_differences(_finals(np.random.default_rng(1), variant_seeds=[0, 1, 7]), ["xs"], ["standard", "coupled"],
-                             "standard").iloc[0]
+    row = paired_differences(_finals(np.random.default_rng(1), variant_seeds=[0, 1, 7]), ["xs"], ["standard", "coupled"], "standard").iloc[
+        0
+    ]
     assert row["n_pairs"] == 2 and "seed(s) 2, 7 without a partner" in row["note"]
     lone = compare(pd.Series({0: 5.0}), pd.Series({0: 5.1, 1: 5.2}))
     assert lone["n_pairs"] == 1 and np.isnan(lone["paired_low"]) and lone["verdict"] == "no verdict: one seed"

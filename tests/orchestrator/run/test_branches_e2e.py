@@ -21,8 +21,13 @@ from tests.helpers import QKSTUDY, TINY_SPEC, TPS, driver_env, finish_driver, pl
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
-SPEC = {"variants": ["standard", "coupled"], "extend": [1.5, 2], "protocol": "branches",
-        "train": {**TINY_SPEC["train"], "schedule": "wsd"}, "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2}}
+SPEC = {
+    "variants": ["standard", "coupled"],
+    "extend": [1.5, 2],
+    "protocol": "branches",
+    "train": {**TINY_SPEC["train"], "schedule": "wsd"},
+    "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2},
+}
 
 
 def _hist(c, mlflow_id: str, key: str) -> dict[int, float]:
@@ -68,8 +73,14 @@ def test_branched_study_trains_trunk_and_cooldowns_resumes_and_keeps_nothing(tmp
     assert x1_loss[18 * TPS] != trunk_loss[18 * TPS]  # then the cooldown's own updates
     points = Path(tmp_path / "runs" / "branched" / "ray" / "branch_points")
     assert not points.exists() or not any(points.iterdir()), list(points.rglob("*"))[:5]
-    rep = subprocess.run([str(QKSTUDY), "report", spec.name, "--out", str(tmp_path / "report"), "--json"],
-                         cwd=spec.parent, env=driver_env(), capture_output=True, text=True, timeout=300)
+    rep = subprocess.run(
+        [str(QKSTUDY), "report", spec.name, "--out", str(tmp_path / "report"), "--json"],
+        cwd=spec.parent,
+        env=driver_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rep.returncode == 0, rep.stderr[-2000:]
     ratio = json.loads(rep.stdout)[0]["ratios"]["coupled"]
     assert ratio["ref_extends"] == [1.0, 1.5, 2.0], ratio  # the branches stand for the extend runs
@@ -79,6 +90,8 @@ def test_branched_study_trains_trunk_and_cooldowns_resumes_and_keeps_nothing(tmp
     finally:
         reap_driver(again)
     assert again.returncode == 0 and "4 run(s) already finished in MLflow: skipped (Ray not started)" in err2, err2[-2000:]
-    print(f"\n[branches] trunk 40 steps (killed at 18, restarts 1), branches x1 from 16, x1.5 from 24; "
-          f"x1 final/val_loss {x1.data.metrics['final/val_loss']:.4f}, trunk {trunk.data.metrics['final/val_loss']:.4f}; "
-          f"coupled token ratio {ratio['token_ratio']['display']}")
+    print(
+        f"\n[branches] trunk 40 steps (killed at 18, restarts 1), branches x1 from 16, x1.5 from 24; "
+        f"x1 final/val_loss {x1.data.metrics['final/val_loss']:.4f}, trunk {trunk.data.metrics['final/val_loss']:.4f}; "
+        f"coupled token ratio {ratio['token_ratio']['display']}"
+    )

@@ -27,9 +27,16 @@ from orchestrator.run.worker.optim import lr_multiplier
 from orchestrator.track.tracking import create_run, ensure_experiment
 
 TPS = 8 * 64
-SPEC = {"name": "br", "scales": ["cpu-xs"], "variants": ["standard"], "tokenizer": {"vocab_size": 512},
-        "budget": {"mode": "tokens", "tokens": 20 * TPS}, "extend": [2], "protocol": "branches",
-        "train": {"global_batch": 8, "seq_len": 64, "schedule": "wsd"}}
+SPEC = {
+    "name": "br",
+    "scales": ["cpu-xs"],
+    "variants": ["standard"],
+    "tokenizer": {"vocab_size": 512},
+    "budget": {"mode": "tokens", "tokens": 20 * TPS},
+    "extend": [2],
+    "protocol": "branches",
+    "train": {"global_batch": 8, "seq_len": 64, "schedule": "wsd"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +68,9 @@ def test_a_restored_scheduler_applies_the_branchs_own_lr_at_the_branch_step(fami
     def sched(run):
         opt = torch.optim.AdamW([p], lr=run.train.lr)
         t = run.train
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, run.steps, t.warmup_steps, "wsd",
-                                                                                t.min_lr_ratio, t.decay_fraction))
+        return torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_multiplier(s, run.steps, t.warmup_steps, "wsd", t.min_lr_ratio, t.decay_fraction)
+        )
 
     t_sched = sched(trunk)
     for _ in range(16):
@@ -132,11 +140,11 @@ class _RankEngine:
 def _save_point(storage: Path, trunk, step: int, world: int = 1) -> Path:
     """The trunk's branch point at ``step``, saved by ``world`` ranks (threads) as the worker does."""
     final = branch_point_dir(str(storage), trunk.run_id, step)
-    state = {"step": step, "wall_s": 1.5 * step, "evals": 1, "mlflow_run_id": "trunk-mlflow", "run_id": trunk.run_id,
-             "data_hash": "h"}
+    state = {"step": step, "wall_s": 1.5 * step, "evals": 1, "mlflow_run_id": "trunk-mlflow", "run_id": trunk.run_id, "data_hash": "h"}
     barrier = threading.Barrier(world)
-    threads = [threading.Thread(target=save_branch_point, args=(_RankEngine(r, step), final, state, r, world, barrier.wait))
-               for r in range(world)]
+    threads = [
+        threading.Thread(target=save_branch_point, args=(_RankEngine(r, step), final, state, r, world, barrier.wait)) for r in range(world)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -147,14 +155,16 @@ def _save_point(storage: Path, trunk, step: int, world: int = 1) -> Path:
 def _sched(run):
     p = torch.nn.Parameter(torch.zeros(1))
     t = run.train
-    return torch.optim.lr_scheduler.LambdaLR(torch.optim.AdamW([p], lr=t.lr), lambda s: lr_multiplier(
-        s, run.steps, t.warmup_steps, "wsd", t.min_lr_ratio, t.decay_fraction))
+    return torch.optim.lr_scheduler.LambdaLR(
+        torch.optim.AdamW([p], lr=t.lr), lambda s: lr_multiplier(s, run.steps, t.warmup_steps, "wsd", t.min_lr_ratio, t.decay_fraction)
+    )
 
 
 def _start(storage: Path, branch, eng: _RankEngine, log: list[str], **kw):
     sched = _sched(branch)
-    state = restore_branch_point(eng.load, sched, branch, str(storage), data_hash="h", rank=0, any_rank=lambda f: f,
-                                 log=log.append, rebuild=eng.rebuild, **kw)
+    state = restore_branch_point(
+        eng.load, sched, branch, str(storage), data_hash="h", rank=0, any_rank=lambda f: f, log=log.append, rebuild=eng.rebuild, **kw
+    )
     return state, sched
 
 
@@ -162,16 +172,32 @@ def test_a_branch_point_holds_every_ranks_share_and_manifest_and_a_branch_starts
     trunk, branch = family
     final = _save_point(tmp_path, trunk, 16, world=2)
     names = sorted(str(p.relative_to(final)) for p in final.rglob("*") if p.is_file())
-    assert names == sorted(["ckpt/mp_rank_00_model_states.pt", "ckpt/zero_pp_rank_0_optim_states.pt",
-                            "ckpt/zero_pp_rank_1_optim_states.pt", "latest", STATE_FILE, manifest_name(0), manifest_name(1)])
+    assert names == sorted(
+        [
+            "ckpt/mp_rank_00_model_states.pt",
+            "ckpt/zero_pp_rank_0_optim_states.pt",
+            "ckpt/zero_pp_rank_1_optim_states.pt",
+            "latest",
+            STATE_FILE,
+            manifest_name(0),
+            manifest_name(1),
+        ]
+    )
     assert not final.with_name(final.name + ".partial").exists()
     eng, log = _RankEngine(), []
     state, sched = _start(tmp_path, branch, eng, log)
     assert eng.loaded == 16.0 and log == []
-    assert state == {"step": 16, "wall_s": 24.0, "evals": 16 // branch.eval_every_steps, "branched": True,
-                     "trunk_mlflow_run_id": "trunk-mlflow", BRANCH_POINT_KEY: "verified"}
+    assert state == {
+        "step": 16,
+        "wall_s": 24.0,
+        "evals": 16 // branch.eval_every_steps,
+        "branched": True,
+        "trunk_mlflow_run_id": "trunk-mlflow",
+        BRANCH_POINT_KEY: "verified",
+    }
     assert sched.last_epoch == 16 and sched.get_last_lr()[0] == pytest.approx(
-        branch.train.lr * lr_multiplier(16, 20, branch.train.warmup_steps, "wsd", 0.1, 0.2))
+        branch.train.lr * lr_multiplier(16, 20, branch.train.warmup_steps, "wsd", 0.1, 0.2)
+    )
 
 
 def test_a_torn_branch_point_falls_back_to_an_earlier_whole_one_and_says_so(tmp_path, family):
@@ -184,8 +210,10 @@ def test_a_torn_branch_point_falls_back_to_an_earlier_whole_one_and_says_so(tmp_
     eng, log = _RankEngine(), []
     state, sched = _start(tmp_path, branch, eng, log)
     assert eng.loaded == 8.0 and state["step"] == 8 and state["branched"] and state["wall_s"] == 12.0
-    note = (f"torn: step-00000016: ckpt/mp_rank_00_model_states.pt has {size // 2} bytes, {size} were saved (truncated "
-            f"or torn); restarted from step-00000008 (step 8), training the trunk's steps 8-16 again before the cooldown")
+    note = (
+        f"torn: step-00000016: ckpt/mp_rank_00_model_states.pt has {size // 2} bytes, {size} were saved (truncated "
+        f"or torn); restarted from step-00000008 (step 8), training the trunk's steps 8-16 again before the cooldown"
+    )
     assert state[BRANCH_POINT_KEY] == note and log[-1] == note
     assert any(line.startswith("rank 0: branch point ") and "step-00000016 cannot be used" in line for line in log)
     assert sched.last_epoch == 8 and sched.get_last_lr()[0] == pytest.approx(branch.train.lr)  # constant, as the trunk's
@@ -198,9 +226,15 @@ def test_with_no_whole_branch_point_at_or_before_the_step_the_branch_restarts_fr
     (torn / manifest_name(1)).unlink()  # rank 1's share never finished
     eng, log = _RankEngine(), []
     state, _ = _start(tmp_path, branch, eng, log)
-    assert state == {"step": 0, "wall_s": 0.0, "evals": 0, BRANCH_POINT_KEY: (
-        f"torn: step-00000016: rank(s) [1] of 2 never finished their share (no manifest); no whole branch point of trunk "
-        f"{trunk.run_id} at or before step 16: restarted from step 0")}
+    assert state == {
+        "step": 0,
+        "wall_s": 0.0,
+        "evals": 0,
+        BRANCH_POINT_KEY: (
+            f"torn: step-00000016: rank(s) [1] of 2 never finished their share (no manifest); no whole branch point of trunk "
+            f"{trunk.run_id} at or before step 16: restarted from step 0"
+        ),
+    }
     assert eng.loaded is None and eng.rebuilt == 0 and log[-1] == state[BRANCH_POINT_KEY] and later.is_dir()
 
 
@@ -228,8 +262,9 @@ def test_a_point_of_other_data_a_legacy_point_and_a_missing_point(tmp_path, fami
     state, _ = _start(tmp_path, branch, eng, log)
     assert state["step"] == 16 and state[BRANCH_POINT_KEY] == "unverified (saved before manifests)"
     sched = _sched(branch)
-    state = restore_branch_point(eng.load, sched, branch, str(tmp_path), data_hash="other", rank=0,
-                                 any_rank=lambda f: f, log=log.append, rebuild=eng.rebuild)
+    state = restore_branch_point(
+        eng.load, sched, branch, str(tmp_path), data_hash="other", rank=0, any_rank=lambda f: f, log=log.append, rebuild=eng.rebuild
+    )
     assert state["step"] == 0 and "saved on other data (h, this run's is other)" in state[BRANCH_POINT_KEY]
     with pytest.raises(BranchPointError, match="which does not exist: did the trunk fail"):
         _start(tmp_path / "elsewhere", branch, eng, log)

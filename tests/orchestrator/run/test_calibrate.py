@@ -54,9 +54,17 @@ def test_a_loaded_machine_refuses_even_with_a_small_spread():
 
 @pytest.mark.slow
 def test_calibrate_then_plan_wallclock(tmp_path, local_ray):
-    study = parse_spec({"name": "cal", "scales": ["cpu-xs"], "variants": ["standard", "coupled"],
-                        "budget": {"mode": "wallclock", "tokens": 204800}, "workdir": str(tmp_path),
-                        "resources": {"workers": 2}, "tokenizer": {"vocab_size": 512}})
+    study = parse_spec(
+        {
+            "name": "cal",
+            "scales": ["cpu-xs"],
+            "variants": ["standard", "coupled"],
+            "budget": {"mode": "wallclock", "tokens": 204800},
+            "workdir": str(tmp_path),
+            "resources": {"workers": 2},
+            "tokenizer": {"vocab_size": 512},
+        }
+    )
     with pytest.raises(PlanError, match="qkstudy calibrate"):
         plan(study)
     cal = calibrate(study, repeats=3, steps=1)

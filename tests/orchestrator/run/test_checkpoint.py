@@ -57,8 +57,7 @@ def engine(stage: int, seed: int):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
     cfg = deepspeed_config(batch_geometry(8, 1, 8), stage, 1.0, False)
-    eng, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=cfg,
-                                   dist_init_required=False)
+    eng, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=cfg, dist_init_required=False)
     return eng
 
 
@@ -104,8 +103,7 @@ def _tamper(ckpt_dir: Path, pattern: str, marker: Path) -> Path:
     return target
 
 
-@pytest.mark.parametrize("stage,pattern", [(2, "mp_rank_*_model_states.pt"), (2, "*optim_states.pt"),
-                                           (3, "*optim_states.pt")])
+@pytest.mark.parametrize("stage,pattern", [(2, "mp_rank_*_model_states.pt"), (2, "*optim_states.pt"), (3, "*optim_states.pt")])
 def test_crafted_checkpoint_is_refused_before_its_payload_runs(process_group, tmp_path, stage, pattern):
     ckpt = tmp_path / "ckpt"
     src = engine(stage, seed=0)
@@ -127,8 +125,11 @@ def load_checkpoint_calls(source: str) -> list[int]:
     """Line numbers of ``<anything>.load_checkpoint(...)`` calls in `source`."""
     import ast
 
-    return [n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute) and n.func.attr == "load_checkpoint"]
+    return [
+        n.lineno
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "load_checkpoint"
+    ]
 
 
 def test_resume_goes_through_the_weights_only_loader():
@@ -136,8 +137,11 @@ def test_resume_goes_through_the_weights_only_loader():
     first swaps in the weights-only engine); the scanner finds such a call when there is one."""
     assert load_checkpoint_calls("self.engine.load_checkpoint(d, tag='ckpt')\n") == [1]
     repo = Path(__file__).resolve().parents[3]
-    found = {str(p.relative_to(repo)): lines for p in sorted((repo / "orchestrator").rglob("*.py"))
-             if (lines := load_checkpoint_calls(p.read_text()))}
+    found = {
+        str(p.relative_to(repo)): lines
+        for p in sorted((repo / "orchestrator").rglob("*.py"))
+        if (lines := load_checkpoint_calls(p.read_text()))
+    }
     assert set(found) == {"orchestrator/run/worker/checkpoint.py"}, found
 
 

@@ -50,14 +50,23 @@ def _merged(root: Path, world: int = 2) -> Path:
 
 def test_shares_saved_apart_and_merged_round_trip_with_one_manifest_per_rank(tmp_path):
     d = _merged(tmp_path)
-    assert sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) == sorted([
-        f"{CKPT_TAG}/mp_rank_00_model_states.pt", f"{CKPT_TAG}/zero_pp_rank_0_optim_states.pt",
-        f"{CKPT_TAG}/zero_pp_rank_1_optim_states.pt", "latest", STATE_FILE, manifest_name(0), manifest_name(1)])
+    assert sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) == sorted(
+        [
+            f"{CKPT_TAG}/mp_rank_00_model_states.pt",
+            f"{CKPT_TAG}/zero_pp_rank_0_optim_states.pt",
+            f"{CKPT_TAG}/zero_pp_rank_1_optim_states.pt",
+            "latest",
+            STATE_FILE,
+            manifest_name(0),
+            manifest_name(1),
+        ]
+    )
     m0, m1 = (json.loads((d / manifest_name(r)).read_text()) for r in (0, 1))
     assert (m0["rank"], m0["world"], m1["rank"], m1["world"]) == (0, 2, 1, 2)
     assert sorted(m1["files"]) == [f"{CKPT_TAG}/zero_pp_rank_1_optim_states.pt"]  # only what rank 1 wrote
-    assert sorted(m0["files"]) == sorted([f"{CKPT_TAG}/mp_rank_00_model_states.pt",
-                                          f"{CKPT_TAG}/zero_pp_rank_0_optim_states.pt", "latest", STATE_FILE])
+    assert sorted(m0["files"]) == sorted(
+        [f"{CKPT_TAG}/mp_rank_00_model_states.pt", f"{CKPT_TAG}/zero_pp_rank_0_optim_states.pt", "latest", STATE_FILE]
+    )
     assert m0["files"][f"{CKPT_TAG}/mp_rank_00_model_states.pt"][0] == 4096
     assert has_manifest(d) and verify_share(d, 0) is None and verify_share(d, 1) is None
     assert verify_share(d, 2) is None  # beyond the saving world: nothing of its own

@@ -80,8 +80,19 @@ def test_submit_to_two_node_cluster_then_resubmit(cluster):
     assert sorted(r.data.tags["variant"] for r in runs) == ["coupled", "standard"]
     assert all(r.data.tags["status"] == "finished" and r.data.metrics["tokens"] == 10240 for r in runs)
 
-    st = json.loads(_qk("status", "cluster", "--tracking-uri", f"sqlite:///{tmp / 'work' / 'mlflow.db'}", "--address", url,
-                        "--json", cwd=study_dir, env=env).stdout)
+    st = json.loads(
+        _qk(
+            "status",
+            "cluster",
+            "--tracking-uri",
+            f"sqlite:///{tmp / 'work' / 'mlflow.db'}",
+            "--address",
+            url,
+            "--json",
+            cwd=study_dir,
+            env=env,
+        ).stdout
+    )
     assert [r["status"] for r in st["runs"]] == ["finished", "finished"]
     assert [j["job_id"] for j in st["jobs"]] == [job_id]
 

@@ -18,8 +18,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    corpus = CorpusConfig.model_validate({"source": "mqar", "mqar": {"preset": "easy", "num_train_examples": 64,
-                                                                     "num_val_examples": 37}})
+    corpus = CorpusConfig.model_validate({"source": "mqar", "mqar": {"preset": "easy", "num_train_examples": 64, "num_val_examples": 37}})
     p = prepare(corpus, TokenizerConfig(), tmp_path_factory.mktemp("cache"), progress=False)
     loader = TokenLoader(p.path, "val", 64, 8, 0)
     model = GPT(build_config("cpu-xs", "standard", vocab_size=256, seq_len=64), seed=0).eval()
@@ -70,7 +69,7 @@ def test_final_pass_is_the_curve_windows_plus_the_added_ones(setup, world):
 def test_loss_is_weighted_by_labelled_positions_and_accuracy_counts_them(setup):
     loader, model = setup
     loss, acc = val_metrics(_sums(loader, model, 7, 2, micro=4), labelled=True)
-    (x, y), = list(loader.eval_xy(7, 100))  # the 7 windows as one batch
+    ((x, y),) = list(loader.eval_xy(7, 100))  # the 7 windows as one batch
     with torch.no_grad():
         logits, _ = model(x, y)
     flat_y = y.reshape(-1)

@@ -44,8 +44,7 @@ def _holder(lock: Path, cwd: Path | None = None) -> subprocess.Popen:
         time.sleep(600)
     """)
     take = "take" if not lock.exists() else "cwd"
-    p = subprocess.Popen([sys.executable, "-c", code, str(lock), take], stdout=subprocess.PIPE, text=True,
-                         cwd=cwd or ROOT)
+    p = subprocess.Popen([sys.executable, "-c", code, str(lock), take], stdout=subprocess.PIPE, text=True, cwd=cwd or ROOT)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
 
@@ -120,15 +119,17 @@ def test_planted_lock_hangs_a_real_op_load_and_prebuild_clears_it(tmp_path):
         subprocess.run([sys.executable, "-c", LOAD_OP], env=env, capture_output=True, timeout=45)
     assert lock.exists()
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=800)
+    p = subprocess.run(
+        [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=800
+    )
     build_s = time.time() - t0
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"removed stale torch-extension build lock {lock}" in p.stdout
     assert f"{OP} (" in p.stdout and "ready in" in p.stdout
     assert list((tmp_path / OP).glob(f"{OP}*.so")) and not lock.exists()
     t0 = time.time()
-    again = subprocess.run([sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0 and "removed" not in again.stdout
     print(f"prebuild of {OP}: {build_s:.0f} s (compiling), {time.time() - t0:.0f} s when built")

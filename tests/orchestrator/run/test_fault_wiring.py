@@ -35,8 +35,14 @@ from orchestrator.track.tracking import artifact_location, create_run, ensure_ex
 
 ROOT = Path(__file__).resolve().parents[3]
 QKSTUDY = Path(sys.executable).with_name("qkstudy")
-SPEC = {"name": "wiring", "scales": ["cpu-xs"], "variants": ["standard"], "tokenizer": {"vocab_size": 512},
-        "budget": {"mode": "tokens", "tokens": 10 * 8 * 64}, "train": {"global_batch": 8, "seq_len": 64}}
+SPEC = {
+    "name": "wiring",
+    "scales": ["cpu-xs"],
+    "variants": ["standard"],
+    "tokenizer": {"vocab_size": 512},
+    "budget": {"mode": "tokens", "tokens": 10 * 8 * 64},
+    "train": {"global_batch": 8, "seq_len": 64},
+}
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +133,12 @@ def test_a_stalled_step_is_recorded_with_section_and_stack_and_ends_the_process(
 
 def test_stall_reason_keeps_the_innermost_frames_of_the_stuck_thread():
     frames = "".join(f'  File "m.py", line {i}, in outer_{i}\n    call()\n' for i in range(400))
-    stacks = ("Thread 'MainThread' (ident 1) <- stuck:\n" + frames + '  File "c.py", line 9, in innermost\n    wait()\n'
-              + "\nThread 'other' (ident 2):\n  File \"o.py\", line 1, in elsewhere\n")
+    stacks = (
+        "Thread 'MainThread' (ident 1) <- stuck:\n"
+        + frames
+        + '  File "c.py", line 9, in innermost\n    wait()\n'
+        + "\nThread 'other' (ident 2):\n  File \"o.py\", line 1, in elsewhere\n"
+    )
     reason = stuck_reason("eval", 75.0, 60.0, stacks)
     assert reason.startswith("no progress: section 'eval' ran 75 s, past its 60 s bound")
     assert len(reason) <= 4000 and reason.endswith("in innermost\n    wait()\n")
@@ -181,8 +191,15 @@ def test_second_driver_exits_2_naming_the_holder_and_status_shows_it(tmp_path):
     run_lease = Lease(storage, run_lease_name("abc123")).acquire()
     try:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        p = subprocess.Popen([str(QKSTUDY), "run", str(spec)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        p = subprocess.Popen(
+            [str(QKSTUDY), "run", str(spec)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             _, stderr = p.communicate(timeout=300)
         except subprocess.TimeoutExpired:  # it went on to train: end it and everything it started
@@ -220,8 +237,9 @@ def test_status_rows_name_each_runs_lease_holder_and_a_stale_one(store, tmp_path
     gen = Path(storage, "leases", STUDY_LEASE)
     gen.mkdir(parents=True)
     old = time.time() - 300
-    (gen / "000000000001.json").write_text(json.dumps({"host": "elsewhere", "pid": 4242, "job_id": "raysubmit_x",
-                                                       "started": old, "heartbeat": old, "token": "t"}))
+    (gen / "000000000001.json").write_text(
+        json.dumps({"host": "elsewhere", "pid": 4242, "job_id": "raysubmit_x", "started": old, "heartbeat": old, "token": "t"})
+    )
     line = study_lease_line("wiring")
     assert line.startswith("study lease: held by pid 4242 on host elsewhere (Ray job raysubmit_x), heartbeat 30")
     assert "presumed dead" in line

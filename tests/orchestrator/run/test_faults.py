@@ -40,8 +40,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_two_drivers_at_once_train_each_run_exactly_once_and_a_waiter_finds_it_done(tmp_path):
-    spec = write_spec(tmp_path, "twice", variants=["standard", "coupled"],
-                  resources={"workers": 1, "cpus_per_worker": 1, "zero_stage": 2})
+    spec = write_spec(tmp_path, "twice", variants=["standard", "coupled"], resources={"workers": 1, "cpus_per_worker": 1, "zero_stage": 2})
     env = driver_env()
     a, b = start_driver(spec, env), start_driver(spec, env)
     try:
@@ -78,8 +77,10 @@ def test_two_drivers_at_once_train_each_run_exactly_once_and_a_waiter_finds_it_d
         assert_every_step_once(logged, 20)
         assert len(c.get_metric_history(r.info.run_id, "final/val_loss")) == 1
         assert r.data.tags["status"] == "finished" and "restarts" not in r.data.tags
-    print(f"\n[two drivers] loser exit 2 naming pid {winner.pid}; steps repeated: {repeated}; "
-          f"waiter (--wait, started {t_wait:.0f}) took the lease {t_waiter_done - t_winner_done:.1f} s after the holder ended")
+    print(
+        f"\n[two drivers] loser exit 2 naming pid {winner.pid}; steps repeated: {repeated}; "
+        f"waiter (--wait, started {t_wait:.0f}) took the lease {t_waiter_done - t_winner_done:.1f} s after the holder ended"
+    )
 
 
 def _registered(snapshot: Path) -> bool:
@@ -93,8 +94,13 @@ def test_killed_driver_is_taken_over_at_once_and_resumes_with_no_repeated_step(t
     # 300 steps, a checkpoint every 30: on an idle machine cpu-xs trains ~15 steps/s, so a budget of a few
     # dozen steps ends before the kill lands and the test would measure nothing (asserted below)
     steps_total = 300
-    spec = write_spec(tmp_path, "killed", budget={"mode": "tokens", "tokens": steps_total * TPS},
-                  eval={**TINY_SPEC["eval"], "num_evals": 10}, resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2})
+    spec = write_spec(
+        tmp_path,
+        "killed",
+        budget={"mode": "tokens", "tokens": steps_total * TPS},
+        eval={**TINY_SPEC["eval"], "num_evals": 10},
+        resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2},
+    )
     (run,) = plan_json(spec)
     env = driver_env()
     first = start_driver(spec, env)
@@ -131,8 +137,10 @@ def test_killed_driver_is_taken_over_at_once_and_resumes_with_no_repeated_step(t
     # until its reaper ends them a few seconds later; a checkpoint they register then is the newest.
     resumed = int(r.data.tags["resumed_from_tokens"])
     assert 0 < resumed < steps_total * TPS and resumed % (30 * TPS) == 0, resumed
-    print(f"\n[kill -9] {len(logged_before)} steps in MLflow at the kill, resumed from step {resumed // TPS}: "
-          f"0 logged twice, 0 lost; lease taken over {took_over_s:.1f} s after the kill (driver start-up included)")
+    print(
+        f"\n[kill -9] {len(logged_before)} steps in MLflow at the kill, resumed from step {resumed // TPS}: "
+        f"0 logged twice, 0 lost; lease taken over {took_over_s:.1f} s after the kill (driver start-up included)"
+    )
 
 
 def _extensions_dir(tmp: Path) -> Path:
@@ -145,9 +153,14 @@ def _extensions_dir(tmp: Path) -> Path:
     built = Path(get_default_build_root()) / "py311_cpu" / "deepspeed_shm_comm"
     if (built / "deepspeed_shm_comm.so").is_file():
         shutil.copytree(built, ext / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
-    out = subprocess.run([sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], cwd=ROOT,
-                         env=driver_env(TORCH_EXTENSIONS_DIR=str(ext), PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"],
+        cwd=ROOT,
+        env=driver_env(TORCH_EXTENSIONS_DIR=str(ext), PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0 and "deepspeed_shm_comm" in out.stdout and "ready" in out.stdout, out.stderr[-2000:]
     return ext
 
@@ -163,8 +176,12 @@ def faulty(tmp_path_factory):
     lock = ext / "deepspeed_shm_comm" / "lock"
     os.close(os.open(lock, os.O_CREAT | os.O_EXCL))  # as a build killed while holding it leaves it
     os.utime(lock, (time.time() - 3600, time.time() - 3600))
-    env = driver_env(TORCH_EXTENSIONS_DIR=str(ext), QKSTUDY_WATCHDOG="step=20", QKSTUDY_TEST_BLOCK_AT_STEP="25",
-               MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="1")
+    env = driver_env(
+        TORCH_EXTENSIONS_DIR=str(ext),
+        QKSTUDY_WATCHDOG="step=20",
+        QKSTUDY_TEST_BLOCK_AT_STEP="25",
+        MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="1",
+    )
     t0 = time.time()
     p = start_driver(spec, env, "-v")
     err = finish_driver(p)
@@ -209,27 +226,50 @@ def test_eval_of_the_final_weights_gives_the_runs_final_val_loss_and_sample_prin
     d, spec, plan, *_ = faulty
     c, runs = study_runs(d, "faulty")
     r = runs[plan["base"]["run_id"]]
-    out = subprocess.run([str(QKSTUDY), "eval", spec.name, plan["base"]["run_id"][:10], "--max-windows", "8", "--json"],
-                         cwd=d, env=driver_env(), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [str(QKSTUDY), "eval", spec.name, plan["base"]["run_id"][:10], "--max-windows", "8", "--json"],
+        cwd=d,
+        env=driver_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)
     final = r.data.metrics["final/val_loss"]
     assert res["windows"] == 8 and res["recorded_final_val_loss"] == final
     assert abs(res["val_loss"] - final) < 1e-4, (res["val_loss"], final)
     # all windows is another sample of the same split: near, not equal
-    alls = json.loads(subprocess.run([str(QKSTUDY), "eval", spec.name, r.info.run_name, "--json"], cwd=d, env=driver_env(),
-                                     capture_output=True, text=True, timeout=600).stdout)
+    alls = json.loads(
+        subprocess.run(
+            [str(QKSTUDY), "eval", spec.name, r.info.run_name, "--json"],
+            cwd=d,
+            env=driver_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        ).stdout
+    )
     assert alls["windows"] > 8 and abs(alls["val_loss"] - final) < 0.5 and alls["val_loss"] != res["val_loss"]
-    out = subprocess.run([str(QKSTUDY), "sample", spec.name, r.info.run_name, "--prompt", "def ", "-n", "24", "--seed", "1"],
-                         cwd=d, env=driver_env(), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [str(QKSTUDY), "sample", spec.name, r.info.run_name, "--prompt", "def ", "-n", "24", "--seed", "1"],
+        cwd=d,
+        env=driver_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("def") and len(out.stdout.strip()) > len("def ") + 10, out.stdout
     # the failed run kept no weights: exit 2 with the reason
-    out = subprocess.run([str(QKSTUDY), "eval", spec.name, plan["extend"]["run_id"]], cwd=d, env=driver_env(),
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [str(QKSTUDY), "eval", spec.name, plan["extend"]["run_id"]], cwd=d, env=driver_env(), capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 2 and "has no final weights" in out.stderr, out.stderr[-2000:]
-    print(f"\n[final weights] eval {res['val_loss']:.6f} vs final/val_loss {final:.6f} "
-          f"(|diff| {abs(res['val_loss'] - final):.1e}) over the final pass's 8 windows")
+    print(
+        f"\n[final weights] eval {res['val_loss']:.6f} vs final/val_loss {final:.6f} "
+        f"(|diff| {abs(res['val_loss'] - final):.1e}) over the final pass's 8 windows"
+    )
 
 
 def test_a_run_keeps_its_artifacts_system_metrics_and_dataset_input_in_the_study(faulty):

@@ -74,8 +74,14 @@ LOADER = textwrap.dedent("""
 
 def _load_elsewhere(uri: str, run_id: str, x: torch.Tensor, tmp_path: Path) -> torch.Tensor:
     torch.save(x, tmp_path / "x.pt")
-    p = subprocess.run([sys.executable, "-c", LOADER, uri, run_id, str(tmp_path / "x.pt"), str(tmp_path / "y.pt")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.run(
+        [sys.executable, "-c", LOADER, uri, run_id, str(tmp_path / "x.pt"), str(tmp_path / "y.pt")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return torch.load(tmp_path / "y.pt", weights_only=True)
 
@@ -194,10 +200,24 @@ def test_deepspeed_engine_weights_round_trip(tmp_path, mqar_data, stage):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = {"cfg": CFG, "stage": stage, "data": mqar_data.path, "uri": uri, "run_id": run_id, "port": port,
-            "x": str(tmp_path / "probe.pt"), "logits": str(tmp_path / "engine_logits.pt")}
-    p = subprocess.run([sys.executable, "-c", ENGINE, json.dumps(args)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=800, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    args = {
+        "cfg": CFG,
+        "stage": stage,
+        "data": mqar_data.path,
+        "uri": uri,
+        "run_id": run_id,
+        "port": port,
+        "x": str(tmp_path / "probe.pt"),
+        "logits": str(tmp_path / "engine_logits.pt"),
+    }
+    p = subprocess.run(
+        [sys.executable, "-c", ENGINE, json.dumps(args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     engine_val = json.loads(p.stdout.strip().splitlines()[-1])["val_loss"]
     engine_logits = torch.load(tmp_path / "engine_logits.pt", weights_only=True)

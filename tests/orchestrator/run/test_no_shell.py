@@ -24,8 +24,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 PRODUCT = ("orchestrator", "model", "data_pipeline")
 SHELL_CALLS = {
-    ("os", "system"), ("os", "popen"), ("subprocess", "getoutput"),
-    ("subprocess", "getstatusoutput"), ("asyncio", "create_subprocess_shell"), ("pty", "spawn"),
+    ("os", "system"),
+    ("os", "popen"),
+    ("subprocess", "getoutput"),
+    ("subprocess", "getstatusoutput"),
+    ("asyncio", "create_subprocess_shell"),
+    ("pty", "spawn"),
 }
 PROCESS_CALLS = {"run", "Popen", "call", "check_call", "check_output"}
 SAFE_WRAPPERS = {"shell_join", "join", "quote"}  # submit.shell_join, shlex.join, shlex.quote
@@ -48,9 +52,7 @@ def _is_built_string(node: ast.AST) -> bool:
     if isinstance(node, ast.JoinedStr):
         return True
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
-        return _is_built_string(node.left) or _is_built_string(node.right) or isinstance(
-            node.left, ast.JoinedStr
-        )
+        return _is_built_string(node.left) or _is_built_string(node.right) or isinstance(node.left, ast.JoinedStr)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         if node.func.attr == "format":
             return True
@@ -71,25 +73,29 @@ def shell_findings(source: str, filename: str) -> list[str]:
             if kw.arg == "shell" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
                 found.append(f"{where}: shell={ast.unparse(kw.value)}")
             if kw.arg == "entrypoint" and _is_built_string(kw.value):
-                if not (isinstance(kw.value, ast.Call) and _dotted(kw.value.func)[-1:] and
-                        _dotted(kw.value.func)[-1] in SAFE_WRAPPERS and
-                        _dotted(kw.value.func) != ("str", "join")):
+                if not (
+                    isinstance(kw.value, ast.Call)
+                    and _dotted(kw.value.func)[-1:]
+                    and _dotted(kw.value.func)[-1] in SAFE_WRAPPERS
+                    and _dotted(kw.value.func) != ("str", "join")
+                ):
                     found.append(f"{where}: entrypoint built from a string: {ast.unparse(kw.value)}")
         if name[-2:] in SHELL_CALLS or name in SHELL_CALLS:
             found.append(f"{where}: {'.'.join(name)}() runs a shell")
-        if len(name) >= 2 and name[-2] == "subprocess" and name[-1] in PROCESS_CALLS or (
-            name in {("Popen",), ("check_call",), ("check_output",)}
+        if (
+            len(name) >= 2
+            and name[-2] == "subprocess"
+            and name[-1] in PROCESS_CALLS
+            or (name in {("Popen",), ("check_call",), ("check_output",)})
         ):
-            cmd = node.args[0] if node.args else next(
-                (kw.value for kw in node.keywords if kw.arg == "args"), None
-            )
+            cmd = node.args[0] if node.args else next((kw.value for kw in node.keywords if kw.arg == "args"), None)
             if cmd is not None and _is_built_string(cmd):
                 found.append(f"{where}: {'.'.join(name)}() with a command string")
     return found
 
 
 def test_scanner_flags_every_shell_form() -> None:
-    bad = '''
+    bad = """
 import os, subprocess, asyncio
 subprocess.run(f"qkstudy run {spec.name}", shell=True)
 subprocess.Popen("ls " + path)
@@ -100,16 +106,16 @@ asyncio.create_subprocess_shell(cmd)
 client.submit_job(entrypoint=f"python -m orchestrator.cli run {path}")
 client.submit_job(entrypoint=" ".join(argv))
 subprocess.run(["ls", p], shell=use_shell)
-'''
+"""
     assert len(shell_findings(bad, "bad.py")) == 9, shell_findings(bad, "bad.py")
-    good = '''
+    good = """
 import subprocess, shlex
 subprocess.run(["pg_ctl", "-D", str(d), "start"], check=True)
 subprocess.Popen([sys.executable, "-m", "mlflow", "server"], shell=False)
 client.submit_job(entrypoint=shell_join(["python", "-m", "orchestrator.cli", "run", rel]))
 client.submit_job(entrypoint=shlex.join(argv))
 client.submit_job(entrypoint=job["entrypoint"])
-'''
+"""
     assert shell_findings(good, "good.py") == []
 
 
@@ -170,7 +176,6 @@ def test_spec_fields_with_shell_metacharacters_reach_no_shell(tmp_path: Path) ->
     # printf in front so the words it would pass to python are printed instead of executed.
     sh = shutil.which("sh")
     assert sh is not None
-    out = subprocess.run([sh, "-c", "printf '%s\\n' " + entrypoint], capture_output=True,
-                         text=True, check=True, timeout=30, cwd=tmp_path)
+    out = subprocess.run([sh, "-c", "printf '%s\\n' " + entrypoint], capture_output=True, text=True, check=True, timeout=30, cwd=tmp_path)
     assert out.stdout.splitlines() == expected
     assert not marker.exists(), "a shell command embedded in the spec was executed"

@@ -10,8 +10,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-UNSAFE_LOADERS = {("pickle", "load"), ("pickle", "loads"), ("dill", "load"), ("dill", "loads"),
-                  ("joblib", "load"), ("cloudpickle", "load"), ("cloudpickle", "loads")}
+UNSAFE_LOADERS = {
+    ("pickle", "load"),
+    ("pickle", "loads"),
+    ("dill", "load"),
+    ("dill", "loads"),
+    ("joblib", "load"),
+    ("cloudpickle", "load"),
+    ("cloudpickle", "loads"),
+}
 
 
 def unsafe_loads(source: str, filename: str) -> list[str]:
@@ -40,7 +47,6 @@ def test_loader_scanner_can_fail() -> None:
 def test_product_loads_checkpoints_weights_only() -> None:
     """Checkpoints load weights-only or through DeepSpeed's engine.load_checkpoint only."""
     repo = Path(__file__).resolve().parents[3]
-    files = [p for pkg in ("orchestrator", "model", "data_pipeline")
-             for p in sorted((repo / pkg).rglob("*.py"))]
+    files = [p for pkg in ("orchestrator", "model", "data_pipeline") for p in sorted((repo / pkg).rglob("*.py"))]
     findings = [f for p in files for f in unsafe_loads(p.read_text(), str(p.relative_to(repo)))]
     assert findings == []

@@ -43,8 +43,7 @@ workdir: {workdir}
 
 
 def _qk(*args: str, cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "qkstudy"), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([str(BIN / "qkstudy"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _job_status(url: str, job_id: str, env: dict[str, str]) -> str:
@@ -80,8 +79,9 @@ def test_losing_the_worker_node_mid_run_resumes_on_a_new_node_and_the_study_comp
     job_id = res.stdout.strip()
     deadline = time.time() + 600
     while not _registered(tmp / "work" / "ray"):
-        assert time.time() < deadline and _job_status(cluster.url, job_id, env) in ("PENDING", "RUNNING"), \
-            _qk("logs", job_id, "--address", cluster.url, "--no-follow", cwd=study_dir, env=env).stdout[-4000:]
+        assert time.time() < deadline and _job_status(cluster.url, job_id, env) in ("PENDING", "RUNNING"), _qk(
+            "logs", job_id, "--address", cluster.url, "--no-follow", cwd=study_dir, env=env
+        ).stdout[-4000:]
         time.sleep(0.5)
     time.sleep(0.5)  # a few steps past the checkpoint: trained again after the resume
     cluster.kill_node("nodea")
@@ -113,9 +113,11 @@ def test_losing_the_worker_node_mid_run_resumes_on_a_new_node_and_the_study_comp
     # (``kill_node``: Ray workers outlive a process-group kill, as they did before, step 60).
     assert 0 < resumed <= before[-1] and resumed % (CKPT_EVERY * TPS) == 0, (resumed, before[-1])
     first_new = min(m.timestamp for m in hist if m.step > before[-1]) / 1000
-    print(f"\n[node loss] {len(before)} steps in MLflow when the node was killed, resumed from step {resumed // TPS} "
-          f"on the new node: 0 logged twice, 0 lost; "
-          f"training again {first_new - t_kill:.1f} s after the kill (new node start-up included)")
+    print(
+        f"\n[node loss] {len(before)} steps in MLflow when the node was killed, resumed from step {resumed // TPS} "
+        f"on the new node: 0 logged twice, 0 lost; "
+        f"training again {first_new - t_kill:.1f} s after the kill (new node start-up included)"
+    )
     cluster.stop()  # now, not at the module's end: the next test starts a cluster of its own
 
 
@@ -124,9 +126,11 @@ def test_kill_node_leaves_none_of_its_workers(loopback_cluster):
     the node's process group) dies with the node; a process-group kill alone leaves it running."""
     cluster = loopback_cluster(head_cpus=0)
     cluster.add_worker("nodec", cpus=1)
-    code = (f"import os, time, ray; ray.init(address='127.0.0.1:{cluster.gcs}', logging_level='ERROR')\n"
-            "@ray.remote(num_cpus=1)\nclass A:\n    def pid(self): return os.getpid()\n"
-            "a = A.remote(); print(ray.get(a.pid.remote()), flush=True); time.sleep(600)\n")
+    code = (
+        f"import os, time, ray; ray.init(address='127.0.0.1:{cluster.gcs}', logging_level='ERROR')\n"
+        "@ray.remote(num_cpus=1)\nclass A:\n    def pid(self): return os.getpid()\n"
+        "a = A.remote(); print(ray.get(a.pid.remote()), flush=True); time.sleep(600)\n"
+    )
     driver = subprocess.Popen([sys.executable, "-c", code], env=cluster.env, stdout=subprocess.PIPE, text=True)
     try:
         assert select.select([driver.stdout], [], [], 300)[0], "the actor was not placed on the node"

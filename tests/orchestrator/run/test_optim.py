@@ -7,8 +7,9 @@ import pytest
 from orchestrator.run.worker.optim import batch_geometry, deepspeed_config, lr_multiplier
 
 
-@pytest.mark.parametrize("gb,world,mb,expect", [(16, 1, 16, (16, 1)), (16, 2, 16, (8, 1)), (32, 2, 6, (4, 4)),
-                                                 (512, 8, 32, (32, 2)), (12, 4, 2, (1, 3))])
+@pytest.mark.parametrize(
+    "gb,world,mb,expect", [(16, 1, 16, (16, 1)), (16, 2, 16, (8, 1)), (32, 2, 6, (4, 4)), (512, 8, 32, (32, 2)), (12, 4, 2, (1, 3))]
+)
 def test_batch_geometry(gb, world, mb, expect):
     g = batch_geometry(gb, world, mb)
     assert (g.micro_batch, g.grad_accum) == expect

@@ -10,11 +10,21 @@ from orchestrator.run.driver.packing import launch_order, make_packs
 
 
 def _runs(per_trainer):
-    return launch_order(plan(parse_spec({
-        "name": "packs", "scales": ["cpu-xs", "cpu-s"], "variants": ["standard", "coupled", "differential"],
-        "seeds": [0, 1], "budget": {"mode": "flops", "tokens": 40960}, "extend": [2],
-        "resources": {"runs_per_trainer": per_trainer},
-    })))
+    return launch_order(
+        plan(
+            parse_spec(
+                {
+                    "name": "packs",
+                    "scales": ["cpu-xs", "cpu-s"],
+                    "variants": ["standard", "coupled", "differential"],
+                    "seeds": [0, 1],
+                    "budget": {"mode": "flops", "tokens": 40960},
+                    "extend": [2],
+                    "resources": {"runs_per_trainer": per_trainer},
+                }
+            )
+        )
+    )
 
 
 def test_pack_of_one_is_named_after_its_run():

@@ -11,8 +11,17 @@ from orchestrator.run.progress import StudyProgress
 
 
 def _runs():
-    return plan(parse_spec({"name": "view", "scales": ["cpu-xs"], "variants": ["standard", "coupled", "differential"],
-                            "budget": {"mode": "tokens", "tokens": 40960}, "extend": []}))
+    return plan(
+        parse_spec(
+            {
+                "name": "view",
+                "scales": ["cpu-xs"],
+                "variants": ["standard", "coupled", "differential"],
+                "budget": {"mode": "tokens", "tokens": 40960},
+                "extend": [],
+            }
+        )
+    )
 
 
 def test_log_mode_lines():
@@ -35,9 +44,11 @@ def test_log_mode_lines():
         view.update({c.run_id: {"tokens": 10**9, "planned": c.tokens, "state": "running"}}, ended)
         assert view.done_tokens == a.tokens + b.tokens
     lines = buf.getvalue().splitlines()
-    assert lines == [f"finished {a.run_name} ({a.tokens:,} tokens) [1/3]",
-                     f"finished {b.run_name} ({b.tokens:,} tokens) [2/3]",
-                     f"{c.run_name} failed: non-finite loss at step 3"]
+    assert lines == [
+        f"finished {a.run_name} ({a.tokens:,} tokens) [1/3]",
+        f"finished {b.run_name} ({b.tokens:,} tokens) [2/3]",
+        f"{c.run_name} failed: non-finite loss at step 3",
+    ]
 
 
 def test_log_mode_study_line_every_30_s():

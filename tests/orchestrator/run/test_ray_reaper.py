@@ -42,12 +42,26 @@ def test_a_worker_of_the_drivers_ray_session_that_is_not_its_descendant_is_ended
     worker is left alone."""
     drv = subprocess.Popen(["sleep", "300"])
     fake = "import time; time.sleep(300)"
-    ours = subprocess.Popen([sys.executable, "-c", fake, "/x/site-packages/ray/_private/workers/default_worker.py",
-                             f"--object-store-name=/tmp/ray/session_2026-12-01_14-11-49_813168_{drv.pid}/sockets/plasma"],
-                            start_new_session=True)
-    theirs = subprocess.Popen([sys.executable, "-c", fake, "/x/site-packages/ray/_private/workers/default_worker.py",
-                               f"--object-store-name=/tmp/ray/session_2026-12-01_14-11-49_813168_{drv.pid}1/sockets/p"],
-                              start_new_session=True)
+    ours = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            fake,
+            "/x/site-packages/ray/_private/workers/default_worker.py",
+            f"--object-store-name=/tmp/ray/session_2026-12-01_14-11-49_813168_{drv.pid}/sockets/plasma",
+        ],
+        start_new_session=True,
+    )
+    theirs = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            fake,
+            "/x/site-packages/ray/_private/workers/default_worker.py",
+            f"--object-store-name=/tmp/ray/session_2026-12-01_14-11-49_813168_{drv.pid}1/sockets/p",
+        ],
+        start_new_session=True,
+    )
     ended: list[list[int]] = []
     try:
         t = threading.Thread(target=lambda: ended.append(watch(drv.pid, grace_s=0.2, poll_s=0.1)))
@@ -95,8 +109,9 @@ def test_a_killed_drivers_ray_children_are_ended_and_its_other_children_left_alo
 def test_nothing_of_a_local_ray_outlives_a_kill_9_of_its_driver(tmp_path):
     from tests.orchestrator.run.test_faults import TPS, _env, _reap, _start, _write
 
-    spec = _write(tmp_path, "reap", budget={"mode": "tokens", "tokens": 600 * TPS},
-                  resources={"workers": 1, "cpus_per_worker": 1, "zero_stage": 2})
+    spec = _write(
+        tmp_path, "reap", budget={"mode": "tokens", "tokens": 600 * TPS}, resources={"workers": 1, "cpus_per_worker": 1, "zero_stage": 2}
+    )
     p = _start(spec, _env())
     try:
         deadline, ray_procs = time.time() + 300, set()

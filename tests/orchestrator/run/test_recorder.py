@@ -12,8 +12,14 @@ from orchestrator.run.worker.recorder import Recorder
 from orchestrator.run.worker.stall import KILL_AT_STEP_ENV, kill_hook_from_env
 from orchestrator.track.tracking import create_run, ensure_experiment
 
-SPEC = {"name": "rec", "scales": ["cpu-xs"], "variants": ["standard"], "tokenizer": {"vocab_size": 512},
-        "budget": {"mode": "tokens", "tokens": 10 * 8 * 64}, "train": {"global_batch": 8, "seq_len": 64}}
+SPEC = {
+    "name": "rec",
+    "scales": ["cpu-xs"],
+    "variants": ["standard"],
+    "tokenizer": {"vocab_size": 512},
+    "budget": {"mode": "tokens", "tokens": 10 * 8 * 64},
+    "train": {"global_batch": 8, "seq_len": 64},
+}
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +120,14 @@ def test_kill_hook_only_when_asked(monkeypatch):
     assert kill_hook_from_env() is None
     monkeypatch.setenv(KILL_AT_STEP_ENV, "0")
     assert kill_hook_from_env() is None
-    code = ("import os\n"
-            f"os.environ[{KILL_AT_STEP_ENV!r}] = '3'\n"
-            "from orchestrator.run.worker.stall import kill_hook_from_env\n"
-            "hook = kill_hook_from_env()\n"
-            "hook(1); hook(2); print('alive at 2', flush=True)\n"
-            "hook(3); print('alive at 3', flush=True)\n")
+    code = (
+        "import os\n"
+        f"os.environ[{KILL_AT_STEP_ENV!r}] = '3'\n"
+        "from orchestrator.run.worker.stall import kill_hook_from_env\n"
+        "hook = kill_hook_from_env()\n"
+        "hook(1); hook(2); print('alive at 2', flush=True)\n"
+        "hook(3); print('alive at 3', flush=True)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 17 and out.stdout == "alive at 2\n", out.stderr[-2000:]
 

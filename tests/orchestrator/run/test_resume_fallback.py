@@ -51,9 +51,16 @@ class Engine:
 
 
 def _restore(cands: list[Path], eng: Engine, log: list[str], run_id: str = "r1") -> dict | None:
-    return restore_newest_whole([ray_train.Checkpoint.from_directory(str(c)) for c in cands], eng.load, run_id=run_id,
-                                data_hash="h", rank=0, any_rank=lambda f: f, log=log.append,
-                                rebuild=eng.rebuild)
+    return restore_newest_whole(
+        [ray_train.Checkpoint.from_directory(str(c)) for c in cands],
+        eng.load,
+        run_id=run_id,
+        data_hash="h",
+        rank=0,
+        any_rank=lambda f: f,
+        log=log.append,
+        rebuild=eng.rebuild,
+    )
 
 
 def test_a_save_that_stopped_before_its_manifest_is_never_loaded(tmp_path):

@@ -22,13 +22,23 @@ GPUS = 64
 
 
 def _study(workers=4, gpus=1):
-    return parse_spec({
-        "name": "sched", "scales": ["60m", "150m", "350m"],
-        "variants": ["standard", "coupled", {"name": "leap", "kind": "coupled", "options": {"integrator": "leapfrog"}},
-                     "uncoupled_mlp", "differential"],
-        "seeds": [0, 1, 2], "budget": {"mode": "flops", "tokens_per_param": 20}, "extend": [1.5, 2, 2.4, 3],
-        "resources": {"workers": workers, "gpus_per_worker": gpus, "cpus_per_worker": 1},
-    })
+    return parse_spec(
+        {
+            "name": "sched",
+            "scales": ["60m", "150m", "350m"],
+            "variants": [
+                "standard",
+                "coupled",
+                {"name": "leap", "kind": "coupled", "options": {"integrator": "leapfrog"}},
+                "uncoupled_mlp",
+                "differential",
+            ],
+            "seeds": [0, 1, 2],
+            "budget": {"mode": "flops", "tokens_per_param": 20},
+            "extend": [1.5, 2, 2.4, 3],
+            "resources": {"workers": workers, "gpus_per_worker": gpus, "cpus_per_worker": 1},
+        }
+    )
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -105,8 +115,9 @@ def test_makespan_on_ray_is_the_schedule_plus_per_run_overhead(logical_cluster):
     per_run = min(sorted(probes)[2], 0.5)
     done = []
     t0 = time.time()
-    dispatch(launch_order(runs), lambda r: holder.hold.remote(bundles, dur[r.run_id]), slots,
-             lambda r, out: done.append(r.run_id), poll_s=0.05)
+    dispatch(
+        launch_order(runs), lambda r: holder.hold.remote(bundles, dur[r.run_id]), slots, lambda r, out: done.append(r.run_id), poll_s=0.05
+    )
     makespan = time.time() - t0
     assert sorted(done) == sorted(dur)
     assert makespan <= 1.10 * bound + per_slot * (per_run + 0.05), (makespan, bound, per_slot, per_run)

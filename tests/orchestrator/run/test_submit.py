@@ -103,9 +103,7 @@ def test_shell_join_keeps_metacharacters_literal(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "error"),
-    [("qkstudy run x.yaml", TypeError), ([], ValueError), (["a", 3], TypeError),
-     (["a", "b\x00c"], ValueError)],
+    ("argv", "error"), [("qkstudy run x.yaml", TypeError), ([], ValueError), (["a", 3], TypeError), (["a", "b\x00c"], ValueError)]
 )
 def test_shell_join_rejects_bad_argv(argv, error) -> None:
     with pytest.raises(error):

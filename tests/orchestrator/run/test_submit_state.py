@@ -30,8 +30,9 @@ NOWHERE = "http://127.0.0.1:9"
 
 def submit(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run([str(QKSTUDY), "submit", "study.yaml", "--address", NOWHERE, *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(QKSTUDY), "submit", "study.yaml", "--address", NOWHERE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def write(tmp_path: Path, extra: str = "") -> Path:
@@ -56,13 +57,16 @@ def test_allow_ephemeral_gets_past_the_check(tmp_path):
     assert res.returncode not in (0, 2), res.stdout + res.stderr  # it tried the (absent) cluster
 
 
-@pytest.mark.parametrize("extra,missing", [
-    ("tracking_uri: http://mlflow:5000\n", ["storage_path"]),
-    ("storage_path: /shared/qkstudy/ephemeral\n", ["tracking_uri"]),
-    ("tracking_uri: http://mlflow:5000\nstorage_path: /shared/qkstudy/ephemeral\n", []),
-    ("workdir: /shared/qkstudy/ephemeral\n", []),         # absolute: both defaults live there
-    ("workdir: runs/ephemeral\n", ["tracking_uri", "storage_path"]),  # relative: in the copy
-])
+@pytest.mark.parametrize(
+    "extra,missing",
+    [
+        ("tracking_uri: http://mlflow:5000\n", ["storage_path"]),
+        ("storage_path: /shared/qkstudy/ephemeral\n", ["tracking_uri"]),
+        ("tracking_uri: http://mlflow:5000\nstorage_path: /shared/qkstudy/ephemeral\n", []),
+        ("workdir: /shared/qkstudy/ephemeral\n", []),  # absolute: both defaults live there
+        ("workdir: runs/ephemeral\n", ["tracking_uri", "storage_path"]),  # relative: in the copy
+    ],
+)
 def test_which_fields_would_be_lost(tmp_path, extra, missing):
     from orchestrator.plan.spec import load_spec
 

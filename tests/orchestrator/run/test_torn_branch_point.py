@@ -46,10 +46,18 @@ def _drive(spec: Path, env: dict[str, str], *args: str):
 
 def test_a_torn_branch_point_falls_back_to_the_trunks_earlier_one_and_says_so(tmp_path):
     spec = tmp_path / "tornbp.yaml"
-    spec.write_text(yaml.safe_dump(tiny_spec(
-        "tornbp", budget={"mode": "tokens", "tokens": 10 * TPS}, extend=[1.5, 2], protocol="branches",
-        train={**TINY_SPEC["train"], "schedule": "wsd"},
-        resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0})))
+    spec.write_text(
+        yaml.safe_dump(
+            tiny_spec(
+                "tornbp",
+                budget={"mode": "tokens", "tokens": 10 * TPS},
+                extend=[1.5, 2],
+                protocol="branches",
+                train={**TINY_SPEC["train"], "schedule": "wsd"},
+                resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0},
+            )
+        )
+    )
     first, err1 = _drive(spec, driver_env(QKSTUDY_TEST_KILL_AT_STEP=str(KILL_AT)))
     assert first.returncode == 1, err1[-3000:]  # the trunk's workers died
     c = sqlite_client(tmp_path, "tornbp")
@@ -57,16 +65,20 @@ def test_a_torn_branch_point_falls_back_to_the_trunks_earlier_one_and_says_so(tm
     points = tmp_path / "runs/tornbp/ray/branch_points" / trunk_id
     assert sorted(p.name for p in points.iterdir()) == ["step-00000008", "step-00000012"]
     for d in points.iterdir():  # every rank's share has its manifest
-        assert sorted(p.name for p in d.glob("qkstudy_manifest.rank*.json")) == ["qkstudy_manifest.rank0.json",
-                                                                                 "qkstudy_manifest.rank1.json"]
+        assert sorted(p.name for p in d.glob("qkstudy_manifest.rank*.json")) == [
+            "qkstudy_manifest.rank0.json",
+            "qkstudy_manifest.rank1.json",
+        ]
     victim = points / "step-00000012" / "ckpt" / "mp_rank_00_model_states.pt"
     size = victim.stat().st_size
     victim.write_bytes(victim.read_bytes()[: size // 2])
 
     second, err = _drive(spec, driver_env(), "-v")  # -v: the workers' log lines
     assert second.returncode == 0, err[-3000:]
-    said = (f"torn: step-00000012: ckpt/mp_rank_00_model_states.pt has {size // 2} bytes, {size} were saved (truncated "
-            f"or torn); restarted from step-00000008 (step 8), training the trunk's steps 8-12 again before the cooldown")
+    said = (
+        f"torn: step-00000012: ckpt/mp_rank_00_model_states.pt has {size // 2} bytes, {size} were saved (truncated "
+        f"or torn); restarted from step-00000008 (step 8), training the trunk's steps 8-12 again before the cooldown"
+    )
     flat = " ".join(err.split())
     assert said in flat, flat[-3000:]
     runs = {float(r.data.tags["extend"]): r for r in train_runs(c, "tornbp").values()}
@@ -84,6 +96,8 @@ def test_a_torn_branch_point_falls_back_to_the_trunks_earlier_one_and_says_so(tm
     # step 9 is the forward at the step-8 point's weights on the trunk's batch: restored exactly
     assert x15_loss[9 * TPS] == pytest.approx(trunk_loss[9 * TPS], rel=1e-5)
     assert not points.exists() or not any(points.iterdir())  # released once the family finished
-    print(f"\n[torn branch point] step 12 cut to {size // 2} of {size} bytes: x1.5 restarted from step 8 "
-          f"(4 trunk steps trained again); x1 verified at step 8; x1.5 final/val_loss "
-          f"{x15.data.metrics['final/val_loss']:.4f}")
+    print(
+        f"\n[torn branch point] step 12 cut to {size // 2} of {size} bytes: x1.5 restarted from step 8 "
+        f"(4 trunk steps trained again); x1 verified at step 8; x1.5 final/val_loss "
+        f"{x15.data.metrics['final/val_loss']:.4f}"
+    )

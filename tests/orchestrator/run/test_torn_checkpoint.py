@@ -54,9 +54,13 @@ def _latest_registered(storage: Path, kept: dict[int, Path]) -> int:
 
 
 def test_truncated_latest_checkpoint_resumes_from_the_previous_one_and_says_so(tmp_path):
-    spec = write_spec(tmp_path, "torn", budget={"mode": "tokens", "tokens": STEPS * TPS},
-                  eval={**TINY_SPEC["eval"], "num_evals": STEPS // 10},
-                  resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0})
+    spec = write_spec(
+        tmp_path,
+        "torn",
+        budget={"mode": "tokens", "tokens": STEPS * TPS},
+        eval={**TINY_SPEC["eval"], "num_evals": STEPS // 10},
+        resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0},
+    )
     (run,) = plan_json(spec)
     first = start_driver(spec, driver_env(QKSTUDY_TEST_KILL_AT_STEP=str(KILL_AT)))
     try:
@@ -80,8 +84,10 @@ def test_truncated_latest_checkpoint_resumes_from_the_previous_one_and_says_so(t
     before = latest - 10
     assert latest in (20, 30) and {before, latest} <= set(kept), (latest, kept)
     for d in kept.values():  # every rank left its manifest
-        assert sorted(p.name for p in d.glob("qkstudy_manifest.rank*.json")) == ["qkstudy_manifest.rank0.json",
-                                                                                 "qkstudy_manifest.rank1.json"]
+        assert sorted(p.name for p in d.glob("qkstudy_manifest.rank*.json")) == [
+            "qkstudy_manifest.rank0.json",
+            "qkstudy_manifest.rank1.json",
+        ]
     victim = kept[latest] / "ckpt" / "mp_rank_00_model_states.pt"
     size = victim.stat().st_size
     victim.write_bytes(victim.read_bytes()[: size // 2])
@@ -94,8 +100,10 @@ def test_truncated_latest_checkpoint_resumes_from_the_previous_one_and_says_so(t
         reap_driver(second)
     assert second.returncode == 0, err[-3000:]
     flat = " ".join(err.split())
-    said = (f"skipped corrupt checkpoint(s): {kept[latest].name} (step {latest}): ckpt/mp_rank_00_model_states.pt has "
-            f"{size // 2} bytes, {size} were saved (truncated or torn); resumed from {kept[before].name} (step {before})")
+    said = (
+        f"skipped corrupt checkpoint(s): {kept[latest].name} (step {latest}): ckpt/mp_rank_00_model_states.pt has "
+        f"{size // 2} bytes, {size} were saved (truncated or torn); resumed from {kept[before].name} (step {before})"
+    )
     assert said in flat, flat[-3000:]
     c, runs = study_runs(tmp_path, "torn")
     r = runs[run["run_id"]]
@@ -106,6 +114,8 @@ def test_truncated_latest_checkpoint_resumes_from_the_previous_one_and_says_so(t
     assert len(c.get_metric_history(mlflow_id, "final/val_loss")) == 1
     assert steps(c, mlflow_id, "val/loss") == [TPS * i for i in range(10, STEPS + 1, 10)]
     first_new = min(m.timestamp for m in c.get_metric_history(mlflow_id, "train/loss") if m.step > 30 * TPS)
-    print(f"\n[torn checkpoint] latest (step {latest}) cut to {size // 2} of {size} bytes; resumed from step {before}: "
-          f"{KILL_AT - before} steps trained again ({30 - before} of them already in MLflow), 0 logged twice, 0 lost; first new "
-          f"point {first_new / 1000 - t0:.1f} s after the re-run started")
+    print(
+        f"\n[torn checkpoint] latest (step {latest}) cut to {size // 2} of {size} bytes; resumed from step {before}: "
+        f"{KILL_AT - before} steps trained again ({30 - before} of them already in MLflow), 0 logged twice, 0 lost; first new "
+        f"point {first_new / 1000 - t0:.1f} s after the re-run started"
+    )

@@ -54,8 +54,14 @@ def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
     configs = [(1, 2, 13), (1, 3, 13), (2, 0, 13), (2, 2, 13), (2, 3, 13), (1, 2, 7), (2, 2, 7)]
     for workers, stage, final_windows in configs:
         name = f"w{workers}z{stage}" + ("same" if final_windows == 7 else "")
-        study = parse_spec({**BASE, "name": name, "resources": {"workers": workers, "zero_stage": stage},
-                            "eval": {**BASE["eval"], "final_max_windows": final_windows, "diagnostics": True}})
+        study = parse_spec(
+            {
+                **BASE,
+                "name": name,
+                "resources": {"workers": workers, "zero_stage": stage},
+                "eval": {**BASE["eval"], "final_max_windows": final_windows, "diagnostics": True},
+            }
+        )
         uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
         (planned,) = plan(study)
         res = run_runs([planned], name, uri, str(tmp_path / name / "ray"), console=Console(quiet=True))
@@ -104,16 +110,22 @@ def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
 def _check_logged_lr(train, history, steps):
     """The lr logged at step k (after k updates) is the one update k used: lr_multiplier(k - 1)."""
     assert [s for s, _ in history] == [512 * k for k in range(1, steps + 1)]
-    expect = [train.lr * lr_multiplier(k - 1, steps, train.warmup_steps, train.schedule, train.min_lr_ratio,
-                                         train.decay_fraction) for k in range(1, steps + 1)]
+    expect = [
+        train.lr * lr_multiplier(k - 1, steps, train.warmup_steps, train.schedule, train.min_lr_ratio, train.decay_fraction)
+        for k in range(1, steps + 1)
+    ]
     assert train.warmup_steps > 1 and expect[0] == pytest.approx(train.lr / train.warmup_steps)
     assert [v for _, v in history] == pytest.approx(expect, rel=1e-6)
 
 
 def test_mqar_runs_log_accuracy_at_every_eval_and_after_the_final_pass(local_ray, tmp_path):
-    spec = {**BASE, "name": "acc", "corpus": {"source": "mqar", "mqar": {"preset": "easy", "num_train_examples": 512,
-                                                                          "num_val_examples": 64}},
-            "budget": {"mode": "tokens", "tokens": 20 * 8 * 64}, "eval": {**BASE["eval"], "num_evals": 2}}
+    spec = {
+        **BASE,
+        "name": "acc",
+        "corpus": {"source": "mqar", "mqar": {"preset": "easy", "num_train_examples": 512, "num_val_examples": 64}},
+        "budget": {"mode": "tokens", "tokens": 20 * 8 * 64},
+        "eval": {**BASE["eval"], "num_evals": 2},
+    }
     study = parse_spec(spec)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     res = run_runs(plan(study), "acc", uri, str(tmp_path / "ray"), console=Console(quiet=True))
@@ -131,8 +143,13 @@ def test_mqar_runs_log_accuracy_at_every_eval_and_after_the_final_pass(local_ray
 def test_divergent_run_fails_with_reason_and_study_finishes(local_ray, tmp_path):
     # One worker group trains both: "hot" (coupled: more FLOPs, so first in launch order)
     # diverges, and the pack goes on to train "standard".
-    spec = {**BASE, "name": "diverge", "variants": ["standard", {"name": "hot", "kind": "coupled", "lr": 1e4}],
-            "resources": {"runs_per_trainer": 2}, "workdir": str(tmp_path / "diverge")}
+    spec = {
+        **BASE,
+        "name": "diverge",
+        "variants": ["standard", {"name": "hot", "kind": "coupled", "lr": 1e4}],
+        "resources": {"runs_per_trainer": 2},
+        "workdir": str(tmp_path / "diverge"),
+    }
     study = parse_spec(spec)
     res = run_study(study, console=Console(quiet=True))
     c = MlflowClient(study_tracking_uri(study))
@@ -148,8 +165,11 @@ def test_divergent_run_fails_with_reason_and_study_finishes(local_ray, tmp_path)
 
 
 def _write_run(tmp_path, name):
-    (run,) = plan(parse_spec({**BASE, "name": name, "resources": {"workers": 2, "zero_stage": 2, "max_retries": 2},
-                              "eval": {**BASE["eval"], "num_evals": 5}}))
+    (run,) = plan(
+        parse_spec(
+            {**BASE, "name": name, "resources": {"workers": 2, "zero_stage": 2, "max_retries": 2}, "eval": {**BASE["eval"], "num_evals": 5}}
+        )
+    )
     f = tmp_path / f"{name}.yaml"
     f.write_text(yaml.safe_dump(run.model_dump(mode="json")))
     return run, f
@@ -202,8 +222,9 @@ def test_resubmitting_after_driver_killed_resumes(tmp_path):
     d = tmp_path / "w"
     d.mkdir()
     exe = Path(sys.executable).with_name("qkstudy")
-    p = subprocess.Popen([str(exe), "train", str(f)], cwd=d, env=env, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        [str(exe), "train", str(f)], cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     ckpts = d / "runs/resubmit/ray" / run.run_id
     deadline = time.time() + 300
     while time.time() < deadline and not list(ckpts.glob("checkpoint_*")):
@@ -220,8 +241,12 @@ def test_resubmitting_after_driver_killed_resumes(tmp_path):
 
 
 def _study_file(tmp_path, name, runs_per_trainer):
-    spec = {**BASE, "name": name, "variants": ["standard", "coupled"],
-            "resources": {"workers": 2, "zero_stage": 2, "max_retries": 2, "runs_per_trainer": runs_per_trainer}}
+    spec = {
+        **BASE,
+        "name": name,
+        "variants": ["standard", "coupled"],
+        "resources": {"workers": 2, "zero_stage": 2, "max_retries": 2, "runs_per_trainer": runs_per_trainer},
+    }
     f = tmp_path / f"{name}.yaml"
     f.write_text(yaml.safe_dump(spec))
     return f

@@ -84,8 +84,9 @@ def tuned(tmp_path_factory, local_ray):
         except LeaseHeld as e:
             seen["refused_by"] = e.holder.pid
         t0 = time.time()
-        seen["second"] = subprocess.run([str(QKSTUDY), "run", str(d / "tune.yaml")], cwd=d, env=driver_env(),
-                                        capture_output=True, text=True, timeout=600)
+        seen["second"] = subprocess.run(
+            [str(QKSTUDY), "run", str(d / "tune.yaml")], cwd=d, env=driver_env(), capture_output=True, text=True, timeout=600
+        )
         seen["second_s"] = time.time() - t0
         seen["records_after_second"] = sorted(r.data.tags["run_id"] for r in _records(uri, study_name))
         return out

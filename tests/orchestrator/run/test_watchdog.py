@@ -14,13 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.run.worker.watchdog import (
-    STALL_EXIT_CODE,
-    Watchdog,
-    WatchdogLimits,
-    limits_from_env,
-    stall_reason,
-)
+from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, Watchdog, WatchdogLimits, limits_from_env, stall_reason
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -185,8 +179,14 @@ def test_a_process_stuck_in_a_c_call_is_ended_with_the_section_and_stack():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-c", STUCK, str(port)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.run(
+        [sys.executable, "-c", STUCK, str(port)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert p.returncode == STALL_EXIT_CODE, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
     assert "section 'startup'" in p.stdout and "init_process_group" in p.stdout
     assert "not stuck?" not in p.stdout

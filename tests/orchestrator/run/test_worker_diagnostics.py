@@ -20,10 +20,16 @@ from orchestrator.run.driver.runner import run_runs
 pytestmark = pytest.mark.slow
 
 TPS = 8 * 64  # tokens per optimizer step
-BASE = {"corpus": {"source": "stdlib", "max_documents": 60}, "tokenizer": {"vocab_size": 512}, "scales": ["cpu-xs"],
-        "variants": ["coupled_differential"], "reference": "coupled_differential", "budget": {"mode": "tokens", "tokens": 10 * TPS},
-        "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 5},
-        "eval": {"num_evals": 2, "max_windows": 4, "final_max_windows": 4, "diagnostics": True}}
+BASE = {
+    "corpus": {"source": "stdlib", "max_documents": 60},
+    "tokenizer": {"vocab_size": 512},
+    "scales": ["cpu-xs"],
+    "variants": ["coupled_differential"],
+    "reference": "coupled_differential",
+    "budget": {"mode": "tokens", "tokens": 10 * TPS},
+    "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 5},
+    "eval": {"num_evals": 2, "max_windows": 4, "final_max_windows": 4, "diagnostics": True},
+}
 
 
 def _diagnostics(tmp_path, stage: int) -> dict[str, list[tuple[int, float]]]:
@@ -37,8 +43,7 @@ def _diagnostics(tmp_path, stage: int) -> dict[str, list[tuple[int, float]]]:
     exp = c.get_experiment_by_name(name)
     assert exp is not None
     (run,) = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
-    return {k: [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, k)]
-            for k in run.data.metrics if k.startswith("attn/")}
+    return {k: [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, k)] for k in run.data.metrics if k.startswith("attn/")}
 
 
 def test_zero3_diagnostics_equal_zero0_on_a_16_window_probe(local_ray, tmp_path):

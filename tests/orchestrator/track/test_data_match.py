@@ -24,10 +24,19 @@ def _study(tmp_path):
     for i in range(3):
         (docs / f"d{i}.txt").write_text(f"document {i}\n" * 50)
     spec = tmp_path / "s.yaml"
-    spec.write_text(yaml.safe_dump({"name": "dm", "scales": ["cpu-xs"], "variants": ["standard", "coupled"],
-                                    "seeds": [0, 1], "budget": {"mode": "tokens", "tokens": 100_000},
-                                    "corpus": {"source": "text", "paths": [str(docs)]},
-                                    "workdir": str(tmp_path / "work")}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "dm",
+                "scales": ["cpu-xs"],
+                "variants": ["standard", "coupled"],
+                "seeds": [0, 1],
+                "budget": {"mode": "tokens", "tokens": 100_000},
+                "corpus": {"source": "text", "paths": [str(docs)]},
+                "workdir": str(tmp_path / "work"),
+            }
+        )
+    )
     return spec
 
 

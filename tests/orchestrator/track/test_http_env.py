@@ -15,15 +15,23 @@ from orchestrator.run.driver.submit import build_job
 from orchestrator.track.http_env import MLFLOW_HTTP_ENV, OUTAGE_ENV
 
 ROOT = Path(__file__).resolve().parents[3]
-SPEC = {"name": "s", "corpus": {"source": "stdlib", "max_documents": 4}, "scales": ["cpu-xs"], "variants": ["standard"],
-        "budget": {"mode": "tokens", "tokens": 4096}, "tracking_uri": "http://mlflow:5000", "storage_path": "/shared/s"}
+SPEC = {
+    "name": "s",
+    "corpus": {"source": "stdlib", "max_documents": 4},
+    "scales": ["cpu-xs"],
+    "variants": ["standard"],
+    "budget": {"mode": "tokens", "tokens": 4096},
+    "tracking_uri": "http://mlflow:5000",
+    "storage_path": "/shared/s",
+}
 
 
 def _cli_env(**extra: str) -> dict[str, str]:
     code = "import json, os, orchestrator.cli; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('MLFLOW_HTTP')}))"
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("MLFLOW_HTTP")}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, **extra}, capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, timeout=120, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

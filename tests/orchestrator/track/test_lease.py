@@ -49,8 +49,13 @@ CHILD = textwrap.dedent("""
 
 
 def _spawn(**args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(args)], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(args)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def _next_event(proc: subprocess.Popen, timeout_s: float = 120.0) -> dict:

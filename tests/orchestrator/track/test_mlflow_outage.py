@@ -40,10 +40,25 @@ class Server:
         """Start it; seconds until it answers /health."""
         t0 = time.time()
         self.proc = proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
-             "--workers", "1"],
-            cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                str(Path(sys.executable).with_name("mlflow")),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{self.root / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(self.root / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+            ],
+            cwd=self.root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         while time.time() < t0 + 180:  # a loaded 2-core machine has taken over 100 s to start one
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=1)
@@ -72,8 +87,7 @@ def test_points_are_kept_while_the_server_is_down_and_written_once_when_it_is_ba
     client = MlflowClient(server.url)
     run_id = client.create_run(client.create_experiment("outage")).info.run_id
     notes: list[str] = []
-    buf = MetricBuffer(client, run_id, policy=OutagePolicy(max_outage_s=120, first_backoff_s=0.5, max_backoff_s=2),
-                       log=notes.append)
+    buf = MetricBuffer(client, run_id, policy=OutagePolicy(max_outage_s=120, first_backoff_s=0.5, max_backoff_s=2), log=notes.append)
     buf.add({"loss": 1.0}, 1)
     assert buf.flush() and buf.pending == 0
     server.stop()
@@ -97,8 +111,9 @@ def test_past_its_bound_the_outage_raises_with_a_reason_and_the_next_attempt_wri
     client = MlflowClient(server.url)
     run_id = client.create_run(client.create_experiment("outage")).info.run_id
     notes: list[str] = []
-    buf = MetricBuffer(client, run_id, policy=OutagePolicy(max_outage_s=3, first_backoff_s=0.5, max_backoff_s=1,
-                                                            max_points=8), log=notes.append)
+    buf = MetricBuffer(
+        client, run_id, policy=OutagePolicy(max_outage_s=3, first_backoff_s=0.5, max_backoff_s=1, max_points=8), log=notes.append
+    )
     server.stop()
     for step in range(1, 7):
         buf.add({"loss": float(step), "lr": 0.1}, step)
@@ -127,9 +142,18 @@ def _study_spec(tmp_path: Path, name: str, url: str, steps: int, num_evals: int)
     """A tiny one-run study (``tests.helpers.TINY_SPEC``'s sizes) tracked by the server at ``url``; no Ray Train retry."""
     spec = tmp_path / "study" / f"{name}.yaml"
     spec.parent.mkdir()
-    spec.write_text(yaml.safe_dump({**TINY_SPEC, "name": name, "tracking_uri": url, "budget": {"mode": "tokens", "tokens": steps * TPS},
-                                    "eval": {**TINY_SPEC["eval"], "num_evals": num_evals},
-                                    "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                **TINY_SPEC,
+                "name": name,
+                "tracking_uri": url,
+                "budget": {"mode": "tokens", "tokens": steps * TPS},
+                "eval": {**TINY_SPEC["eval"], "num_evals": num_evals},
+                "resources": {"workers": 1, "cpus_per_worker": 1, "zero_stage": 2, "max_retries": 0},
+            }
+        )
+    )
     return spec
 
 
@@ -139,8 +163,15 @@ def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server,
     steps = 600  # ~40-90 s of training here: the outage starts at the first flush and ends well before the last step
     spec = _study_spec(tmp_path, "outage", server.url, steps, num_evals=30)
     client = MlflowClient(server.url)
-    p = subprocess.Popen([str(QKSTUDY), "run", spec.name, "-v"], cwd=spec.parent, env=driver_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [str(QKSTUDY), "run", spec.name, "-v"],
+        cwd=spec.parent,
+        env=driver_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         mlflow_id, deadline = None, time.time() + 600
         while time.time() < deadline and p.poll() is None:  # the first flush (step 20) is in MLflow
@@ -168,8 +199,10 @@ def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server,
     assert hist == [TPS * i for i in range(1, steps + 1)], hist  # every point once: none lost, none twice
     assert [m.step for m in client.get_metric_history(mlflow_id, "val/loss")] == [TPS * i for i in range(20, steps + 1, 20)]
     assert len(client.get_metric_history(mlflow_id, "final/val_loss")) == 1
-    print(f"\n[MLflow outage] server down {down_s:.0f} s (restart {restart_s:.0f} s) after {before} of {steps} points; "
-          f"run finished with all {len(hist)} train/loss points, 0 lost, 0 twice, no restart")
+    print(
+        f"\n[MLflow outage] server down {down_s:.0f} s (restart {restart_s:.0f} s) after {before} of {steps} points; "
+        f"run finished with all {len(hist)} train/loss points, 0 lost, 0 twice, no restart"
+    )
 
 
 @pytest.mark.slow
@@ -180,8 +213,15 @@ def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_res
     client = MlflowClient(server.url)
 
     def start(**env: str) -> subprocess.Popen:
-        return subprocess.Popen([str(QKSTUDY), "run", spec.name, "-v"], cwd=spec.parent, env=driver_env(**env),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        return subprocess.Popen(
+            [str(QKSTUDY), "run", spec.name, "-v"],
+            cwd=spec.parent,
+            env=driver_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     p = start(QKSTUDY_MLFLOW_OUTAGE_S="8")
     try:
@@ -217,9 +257,11 @@ def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_res
     hist = [m.step for m in client.get_metric_history(mlflow_id, "train/loss")]
     assert hist == [TPS * i for i in range(1, steps + 1)], hist  # the kept points written by the resume: none lost, none twice
     resumed = int(r.data.tags["resumed_from_tokens"]) // TPS
-    print(f"\n[outage past bound] driver gave up {gave_up_s:.0f} s into the outage (bound 8 s) with {len(before)} points in "
-          f"MLflow; resubmit resumed from step {resumed} and wrote the {resumed - len(before)} points the checkpoint kept: "
-          f"{len(hist)} points, 0 lost, 0 twice")
+    print(
+        f"\n[outage past bound] driver gave up {gave_up_s:.0f} s into the outage (bound 8 s) with {len(before)} points in "
+        f"MLflow; resubmit resumed from step {resumed} and wrote the {resumed - len(before)} points the checkpoint kept: "
+        f"{len(hist)} points, 0 lost, 0 twice"
+    )
 
 
 def test_a_pack_that_ends_while_mlflow_is_down_reports_the_runs_failure_reason_not_a_crash():

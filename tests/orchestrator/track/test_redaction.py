@@ -39,8 +39,14 @@ from tests.synthetic_study import SyntheticStudy, write_synthetic_study
         ("sqlite:////tmp/runs/x/mlflow.db", "sqlite:////tmp/runs/x/mlflow.db"),
         ("/data/qkstudy", "/data/qkstudy"),
         # URIs inside messages, markdown and quotes.
-        ("study 'x': no experiment in postgresql://u:pw1@db/m (check it)", f"study 'x': no experiment in postgresql://u:{REDACTED}@db/m (check it)"),
-        ("Tracking URI `http://a:pw2@h:5000`, and 'https://b:pw3@h'.", f"Tracking URI `http://a:{REDACTED}@h:5000`, and 'https://b:{REDACTED}@h'."),
+        (
+            "study 'x': no experiment in postgresql://u:pw1@db/m (check it)",
+            f"study 'x': no experiment in postgresql://u:{REDACTED}@db/m (check it)",
+        ),
+        (
+            "Tracking URI `http://a:pw2@h:5000`, and 'https://b:pw3@h'.",
+            f"Tracking URI `http://a:{REDACTED}@h:5000`, and 'https://b:{REDACTED}@h'.",
+        ),
     ],
 )
 def test_redact_uri(text: str, expected: str) -> None:
@@ -54,8 +60,9 @@ def test_redact_uri_keeps_non_secret_queries_byte_for_byte() -> None:
 
 # --------------------------------------------------------------------------- real stores
 
-STUDY = SyntheticStudy(study="redaction", variants={"standard": 1.0, "coupled": 2.0}, scales={"xs": 2e6},
-                       seeds=(0,), extend=(2.0, 3.0), n_eval=6)
+STUDY = SyntheticStudy(
+    study="redaction", variants={"standard": 1.0, "coupled": 2.0}, scales={"xs": 2e6}, seeds=(0,), extend=(2.0, 3.0), n_eval=6
+)
 
 
 # The server takes a minute or two to come up on a loaded machine: slow.

@@ -18,10 +18,14 @@ from orchestrator.track.tracking import KIND_TAG, find_train_runs, sqlite_uri
 
 def _view(runs: dict) -> dict:
     """What status reads of each run, NaN made comparable."""
+
     def metrics(m):
         return {k: "nan" if math.isnan(v) else v for k, v in m.items()}
-    return {k: (r.info.run_id, r.info.run_name, r.info.status, metrics(r.data.metrics), dict(r.data.tags),
-                dict(r.data.params)) for k, r in runs.items()}
+
+    return {
+        k: (r.info.run_id, r.info.run_name, r.info.status, metrics(r.data.metrics), dict(r.data.tags), dict(r.data.params))
+        for k, r in runs.items()
+    }
 
 
 @pytest.fixture()
@@ -38,8 +42,11 @@ def store(tmp_path):
             c.log_param(r.info.run_id, k, v)
         return r.info.run_id
 
-    run("a", metrics=[("tokens", 512, 512), ("tokens", 1024, 1024), ("val/ppl", 30.5, 512), ("val/ppl", 20.25, 1024)],
-        params={"planned_tokens": 1024, "data_hash": "h1"})
+    run(
+        "a",
+        metrics=[("tokens", 512, 512), ("tokens", 1024, 1024), ("val/ppl", 30.5, 512), ("val/ppl", 20.25, 1024)],
+        params={"planned_tokens": 1024, "data_hash": "h1"},
+    )
     run("b", status="failed", metrics=[("train/loss", float("nan"), 512)], params={"planned_tokens": 2048})
     c.set_terminated(run("b", status="running", metrics=[("tokens", 256, 256)]), "RUNNING")  # retry: newest wins
     c.delete_run(run("c"))
@@ -95,8 +102,10 @@ def test_status_rows_are_the_same_through_either_reader(store, monkeypatch) -> N
     via_client = study_status("s", sqlite_uri(db), warn=said.append)  # falls back to MLflow's client
     assert via_sqlite == via_client
     assert said == [f"{db}: read through MLflow's client (OperationalError: no such table: latest_metrics)"]
-    assert [(r["run_name"], r["status"], r["tokens"], r["val_ppl"]) for r in via_sqlite] == \
-        [("b", "running", 256, None), ("a", "finished", 1024, 20.25)]
+    assert [(r["run_name"], r["status"], r["tokens"], r["val_ppl"]) for r in via_sqlite] == [
+        ("b", "running", 256, None),
+        ("a", "finished", 1024, 20.25),
+    ]
 
 
 def test_a_file_that_is_not_an_mlflow_store_raises_sqlite_error(tmp_path) -> None:
