@@ -77,6 +77,7 @@ clean:
 lint: install
 	$(BIN)/python -m pip install -q -c $(LOCK) -r requirements-lint.txt
 	$(BIN)/ruff check model data_pipeline orchestrator tests benchmarks
+	$(BIN)/ruff format --check model data_pipeline orchestrator tests benchmarks
 	$(BIN)/mypy
 
 # The lock from the venv `make test` passed in (torch without its +cpu/+cuXXX build tag).

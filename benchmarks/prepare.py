@@ -143,6 +143,11 @@ def run(out: str = "BENCHMARKS.md", num_proc: int | None = None, repeats: int = 
     r["stage_cores"] = used["stage"]
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     row = "| {} | {:.2f} | {:.2f} | {:,.0f} | {:.2f} |"
+
+    def timed_row(label: str, key: str) -> str:
+        return row.format(label, best[key], med[key], r[f"{key}_tps"], used[key])
+
+    tokenize_s = m["timings"]["tokenize_s"]
     section = f"""
 ## data_pipeline: prepare throughput (stdlib corpus), {now}
 
@@ -154,12 +159,12 @@ Command: `python -m benchmarks.prepare` (`make bench`). Corpus: CPython {platfor
 
 | measurement | best s | median s | tokens/s (best) | cores got (CPU s / wall s) |
 |---|---:|---:|---:|---:|
-{row.format("sentencepiece encode, whole documents, one process (`num_threads=1`)", best["single"], med["single"], r["single_tps"], used["single"])}
-{row.format("same, line by line as prepare encodes (identical ids), one process", best["lines"], med["lines"], r["lines_tps"], used["lines"])}
-{row.format(f"prepare: tokenize + write shards stage, {num_proc} processes", best["stage"], med["stage"], r["stage_tps"], used["stage"])}
+{timed_row("sentencepiece encode, whole documents, one process (`num_threads=1`)", "single")}
+{timed_row("same, line by line as prepare encodes (identical ids), one process", "lines")}
+{timed_row(f"prepare: tokenize + write shards stage, {num_proc} processes", "stage")}
 | prepare end to end (read, split, train tokenizer, tokenize, write), once | {total_s:.2f} | | {tokens / total_s:,.0f} | |
 | of which tokenizer training (BPE 4096, 100k sampled lines) | {r["train_s"]:.2f} | | | |
-| of which tokenize + write shards stage ({num_proc} processes) | {m["timings"]["tokenize_s"]:.2f} | | {tokens / m["timings"]["tokenize_s"]:,.0f} | |
+| of which tokenize + write shards stage ({num_proc} processes) | {tokenize_s:.2f} | | {tokens / tokenize_s:,.0f} | |
 | prepare again (cache hit, no-op) | {noop_s:.3f} | | | |
 
 Stage speed-up over single-process encode: **{r["speedup"]:.2f}x** (target >= 1.6x on 2 cores);

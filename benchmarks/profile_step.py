@@ -6,8 +6,9 @@ Both models are built as `model.timing.build_runs` builds them (seed 0, AdamW, o
 the two take turns step by step (after warm-up, who goes first alternating), so load drift
 hits both alike, and each row is an operator's median over the steps. Self time is an operator's own time, its
 children's excluded, so the rows add up to about the step. The profiler adds a cost per
-operator call, so its ratio is not `benchmarks.model_steps`'; on a shared machine a shared operator's
-row can move by as much as the variant's own operators (read the rows, not the ratio alone). A Markdown table (ms per step: standard, variant, difference, share of the gap) is
+operator call, so its ratio is not `benchmarks.model_steps`'; on a shared machine a shared
+operator's row can move by as much as the variant's own operators (read the rows, not the ratio
+alone). A Markdown table (ms per step: standard, variant, difference, share of the gap) is
 appended to BENCHMARKS.md through a temp file.
 
     python -m benchmarks.profile_step --preset cpu-s --variant coupled --threads 1 --steps 6

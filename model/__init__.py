@@ -20,7 +20,7 @@ from model.presets import PRESETS, build_config
 from model.registry import REGISTRY, Variant, get_variant, register
 
 __all__ = [
-    "GPT",
+    "GPT",  # noqa: F822 - loaded by __getattr__ on first use, so importing model loads no torch
     "ModelConfig",
     "ModelCounts",
     "PRESETS",

@@ -3,8 +3,8 @@
 Why: ``orchestrator.plan.branches`` holds the step arithmetic (trunk length, branch points,
 the WSD LR of every budget); the runner trains RunSpecs. The trunk is the longest budget's
 run itself (its first b_max steps are the constant-LR trunk, then its own cooldown: its
-``branch_step`` is b_max, its ``trunk`` None), so no new run kind is needed: it trains like any run and, on the way, saves a retained checkpoint
-at every other branch's branch point (``RunSpec.branch_points``). Every other budget m is a
+``branch_step`` is b_max, its ``trunk`` None), so no new run kind is needed: it trains like any
+run and, on the way, saves a retained checkpoint at every other branch's branch point (``RunSpec.branch_points``). Every other budget m is a
 branch: its RunSpec is an independent WSD run of S_m steps (so its LR at every step is the
 independent run's, ``test_branches``) plus ``trunk`` (the trunk's run_id) and
 ``branch_step`` = b_m, both in its identity: a resubmit finds it, and a changed trunk gives

@@ -281,7 +281,8 @@ def generate_ladder(
     L = floor and ceil of (target - base) / per_layer are candidates. Among candidates with
     |N / target - 1| <= tolerance and aspect ratio within aspect_tolerance of the target's,
     the one nearest the target aspect ratio (in log) wins, then the smaller N error; its N is
-    recounted exactly (RuntimeError if that breaks the per-layer assumption). ``variant``/``options``: the planner's N is the reference variant's.
+    recounted exactly (RuntimeError if that breaks the per-layer assumption).
+    ``variant``/``options``: the planner's N is the reference variant's.
 
     Raises FieldError at ``loc + ("targets", i)`` for a target no shape reaches (the message
     gives the nearest shape), or one that yields the same shape as an earlier target.

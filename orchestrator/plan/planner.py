@@ -158,42 +158,26 @@ def _plan_corpus(
             multipliers = [1.0] + (list(study.extend) if v.name == study.reference and not branched else [])
             lr = tuned_lr.get((v.name, scale)) or v.lr or base.lr
             for seed in study.seeds:
+                make = partial(
+                    _run_spec,
+                    study,
+                    corpus_name,
+                    corpus,
+                    v,
+                    scale,
+                    seed,
+                    model_cfg=configs[v.name].model_dump(),
+                    c=counts[v.name],
+                    eval_every=eval_every,
+                    extra=extra,
+                )
                 if branched:
-                    make = partial(
-                        _run_spec,
-                        study,
-                        corpus_name,
-                        corpus,
-                        v,
-                        scale,
-                        seed,
-                        model_cfg=configs[v.name].model_dump(),
-                        c=counts[v.name],
-                        eval_every=eval_every,
-                        extra=extra,
-                    )
                     runs.extend(_branched_runs(branch_family(study, d_v, base.model_copy(update={"lr": lr})), make))
                     continue
                 for e in multipliers:
                     steps = _steps_for(d_v * e, tps)
                     train = base.model_copy(update={"warmup_steps": int(round(study.train.warmup_fraction * steps)), "lr": lr})
-                    runs.append(
-                        _run_spec(
-                            study,
-                            corpus_name,
-                            corpus,
-                            v,
-                            scale,
-                            seed,
-                            e,
-                            configs[v.name].model_dump(),
-                            counts[v.name],
-                            steps,
-                            train,
-                            eval_every,
-                            extra,
-                        )
-                    )
+                    runs.append(make(e=e, steps=steps, train=train))
     return runs
 
 

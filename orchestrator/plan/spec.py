@@ -191,8 +191,9 @@ class ResourcesSpec(_Strict):
     max_retries: int = Field(default=1, ge=0)
     # Runs trained back to back by one Ray Train worker group. Starting a group (controller,
     # worker processes, process group, imports) costs ~14 s per run on 2 CPUs (BENCHMARKS.md,
-    # `benchmarks.training --startup`; ~4 s packed), which dominates runs of a minute or two; packing amortises it. Packs are fixed by the plan, so a resubmitted
-    # study finds each pack's checkpoints again.
+    # `benchmarks.training --startup`; ~4 s packed), which dominates runs of a minute or two;
+    # packing amortises it. Packs are fixed by the plan, so a resubmitted study finds each
+    # pack's checkpoints again.
     runs_per_trainer: int = Field(default=1, ge=1)
 
 

@@ -16,11 +16,14 @@ import pandas as pd
 from orchestrator.report.sections import sections
 
 CAPTIONS = {
-    "ppl_vs_tokens.png": "Validation perplexity vs tokens seen, one panel per scale (seed mean, band = +-1 std; x = final points of the reference's extend runs).",
-    "ppl_vs_flops.png": 'Validation perplexity vs training FLOPs (3 x forward; README, "Conventions the numbers depend on"), one panel per scale.',
+    "ppl_vs_tokens.png": "Validation perplexity vs tokens seen, one panel per scale "
+    "(seed mean, band = +-1 std; x = final points of the reference's extend runs).",
+    "ppl_vs_flops.png": 'Validation perplexity vs training FLOPs (3 x forward; README, "Conventions the numbers depend on"), '
+    "one panel per scale.",
     "ppl_vs_wallclock.png": "Validation perplexity vs wall-clock seconds, one panel per scale.",
     "token_ratio.png": "Token ratio per scale with its 95% seed-paired interval; triangles are censored bounds.",
-    "scaling.png": "Final perplexity vs N (non-embedding) and vs FLOPs, with fitted L = E + A x^-alpha only where the Scaling section accepts a fit; the paper's points on their own panel.",
+    "scaling.png": "Final perplexity vs N (non-embedding) and vs FLOPs, with fitted L = E + A x^-alpha only where "
+    "the Scaling section accepts a fit; the paper's points on their own panel.",
     "seed_std.png": "Seed standard deviation of final perplexity (paper: coupled 0.04, uncoupled MLP 0.31).",
     "attention.png": "Attention diagnostics over training (seed mean +-1 std).",
 }
@@ -54,9 +57,8 @@ def html(summary: dict, tables: dict[str, pd.DataFrame], fig_dir: Path) -> str:
             body.append(s.table.to_html(index=False, na_rep="—", border=0, classes="t"))
         for f in s.figures:
             data = base64.b64encode((Path(fig_dir) / f).read_bytes()).decode("ascii")
-            body.append(
-                f'<figure><img src="data:image/png;base64,{data}" alt="{esc(f)}"><figcaption>{esc(CAPTIONS.get(f, f))}</figcaption></figure>'
-            )
+            caption = esc(CAPTIONS.get(f, f))
+            body.append(f'<figure><img src="data:image/png;base64,{data}" alt="{esc(f)}"><figcaption>{caption}</figcaption></figure>')
     style = (
         "body{font-family:system-ui,sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;color:#222}"
         "table.t{border-collapse:collapse;font-size:13px;margin:1em 0}table.t td,table.t th{border:1px solid #ccc;padding:3px 8px}"

@@ -37,6 +37,7 @@ import torch
 from orchestrator.plan.contract import RunSpec
 from orchestrator.run.ckpt_format import CKPT_TAG, save_share
 from orchestrator.run.ext_lock import sweeping
+from orchestrator.run.final_weights import save_final_weights
 from orchestrator.run.worker.branching import (
     BRANCH_POINT_KEY,
     branch_point_dir,
@@ -238,22 +239,7 @@ class RunLoop:
             state = self._branch_start(self._restore())
         self._time_earlier = state.get("time_split", {})
         r = self.run
-        self.rec = rec = Recorder(
-            r,
-            self.tracking_uri,
-            self.mlflow_run_id,
-            self.board,
-            active=self.rank == 0,
-            devices=self.world,
-            data=(r.corpus_name, self.data_path, self.data_hash),
-            carried=state.get("unwritten_metrics"),
-        )
-        rec.start(
-            state["step"],
-            fallback=state.get("resume_fallback"),
-            branched=bool(state.get("branched")),
-            branch_point=state.get(BRANCH_POINT_KEY),
-        )
+        self.rec = rec = self._open_record(state)
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         self.engine.train()
         while step < r.steps:
@@ -280,8 +266,6 @@ class RunLoop:
                 with self.guard.section("checkpoint"):
                     self._branch_point(step, wall_s, evals)
         with self.guard.section("checkpoint"):  # every rank: ZeRO-3 gathers are collective
-            from orchestrator.run.final_weights import save_final_weights
-
             save_final_weights(
                 self.engine,
                 r.model,
@@ -295,6 +279,28 @@ class RunLoop:
         rec.time_split(step, self.time_split())
         rec.finished(step)
         return STATUS_FINISHED
+
+    def _open_record(self, state: dict[str, Any]) -> Recorder:
+        """The run's Recorder (rank 0 writes), started at the restored ``state``'s step: a
+        resume's fallback note, a branch start and its branch point's verification said."""
+        r = self.run
+        rec = Recorder(
+            r,
+            self.tracking_uri,
+            self.mlflow_run_id,
+            self.board,
+            active=self.rank == 0,
+            devices=self.world,
+            data=(r.corpus_name, self.data_path, self.data_hash),
+            carried=state.get("unwritten_metrics"),
+        )
+        rec.start(
+            state["step"],
+            fallback=state.get("resume_fallback"),
+            branched=bool(state.get("branched")),
+            branch_point=state.get(BRANCH_POINT_KEY),
+        )
+        return rec
 
     def time_split(self) -> dict[str, float]:
         """Where this run's worker time went [s]: ``time/elapsed_s`` (from the loop's start),
