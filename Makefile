@@ -118,8 +118,8 @@ wheelhouse: install build/wheelhouse/constraints.txt $(TRAIN_WHEELS)/constraints
 
 # One image build at a time (a flock held across the base image, the wheelhouse and the three
 # builds): a second `make images` or `make stack-up` waits for the first, then finds the cache
-# warm. .ci/run starts one in the background while the unit tests run (tests/fixtures/tiers.py: the
-# slow tests wait for it to end; the stack test runs last).
+# warm. .ci/run starts one in the background while the unit and slow tiers run (tests/fixtures/tiers.py:
+# the stack tier waits for it to end).
 IMAGES_LOCK ?= build/images.lock
 images:
 	mkdir -p $(dir $(IMAGES_LOCK)) && flock $(IMAGES_LOCK) $(MAKE) --no-print-directory images-unlocked

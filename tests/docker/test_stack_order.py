@@ -1,6 +1,6 @@
 """The suite's order (tests/fixtures/tiers.py): unit tests, then the slow ones, then the stack
-tier, whatever order pytest is given its files in; and the slow tests wait for a running image
-build: .ci/run builds the stack's images in the background while lint and the unit tests run."""
+tier, whatever order pytest is given its files in; and the stack tier waits for a running image
+build: .ci/run builds the stack's images in the background while the unit and slow tiers run."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_unit_then_slow_then_stack_whatever_the_command_lines_order() -> None:
     assert collected("--noconftest")[0] == FILES[0]
 
 
-def test_a_slow_test_waits_for_a_running_image_build(tmp_path) -> None:
+def test_the_stack_tier_waits_for_a_running_image_build(tmp_path) -> None:
     import fcntl
     import threading
     import time

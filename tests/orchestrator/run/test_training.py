@@ -257,6 +257,7 @@ def _run_study_cli(f, cwd, env):
     return subprocess.run([str(exe), "run", str(f)], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.stack
 def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
     """Two runs share one worker group; a worker dies during the first. The retry skips
     nothing it should not, resumes the first from its checkpoint, trains the second, and
