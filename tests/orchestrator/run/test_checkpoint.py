@@ -9,15 +9,14 @@ import os
 import socket
 from pathlib import Path
 
+import deepspeed
 import pytest
+import torch
+
+from orchestrator.run.worker.checkpoint import UnsafeCheckpointError, load_engine_checkpoint
+from orchestrator.run.worker.optim import batch_geometry, deepspeed_config
 
 pytestmark = pytest.mark.slow
-
-torch = pytest.importorskip("torch")
-deepspeed = pytest.importorskip("deepspeed")
-
-from orchestrator.run.worker.checkpoint import UnsafeCheckpointError, load_engine_checkpoint  # noqa: E402
-from orchestrator.run.worker.optim import batch_geometry, deepspeed_config  # noqa: E402
 
 TAG = "ckpt"
 

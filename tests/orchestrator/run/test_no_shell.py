@@ -134,8 +134,8 @@ def _hostile(marker: Path) -> str:
 
 
 def test_spec_fields_with_shell_metacharacters_reach_no_shell(tmp_path: Path) -> None:
-    submit = pytest.importorskip("orchestrator.run.driver.submit", reason="orchestrator.run.driver.submit not present yet")
     from orchestrator.plan.spec import SpecError, load_spec
+    from orchestrator.run.driver import submit
 
     marker = tmp_path / "pwned"
     evil = _hostile(marker)

@@ -10,14 +10,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
+import ray.train as ray_train
+import torch
 
-torch = pytest.importorskip("torch")
-ray_train = pytest.importorskip("ray.train")
-
-from orchestrator.run.ckpt_format import STATE_FILE as STATE  # noqa: E402
-from orchestrator.run.ckpt_format import manifest_name, write_manifest  # noqa: E402
-from orchestrator.run.worker.resume import FALLBACK_KEY, restore_newest_whole  # noqa: E402
+from orchestrator.run.ckpt_format import STATE_FILE as STATE
+from orchestrator.run.ckpt_format import manifest_name, write_manifest
+from orchestrator.run.worker.resume import FALLBACK_KEY, restore_newest_whole
 
 
 def _save(root: Path, name: str, step: int, run_id: str = "r1", world: int = 1, manifest: bool = True) -> Path:
