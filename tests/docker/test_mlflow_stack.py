@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+# A real `mlflow server` on a real PostgreSQL: integration, the slow tier.
+pytestmark = pytest.mark.slow
+
 SEARCH = "/api/2.0/mlflow/experiments/search?max_results=5"
 
 
@@ -129,7 +132,6 @@ storage_path: {storage}
 """
 
 
-@pytest.mark.slow
 def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tmp_path, monkeypatch) -> None:
     """`qkstudy run` (real Ray + DeepSpeed) against the basic-auth server: credentials only
     from the standard environment variables, the run lands in Postgres, nothing leaks."""

@@ -88,7 +88,7 @@ RERUN_WITHOUT_RAY = """\
 import ray
 from rich.console import Console
 from orchestrator.plan.spec import load_spec
-from orchestrator.run.driver.runner import run_study
+from orchestrator.run.driver.study import run_study
 assert not ray.is_initialized()
 res = run_study(load_spec("e2e.yaml"), console=Console(quiet=True))
 print(json.dumps({"ray_started": ray.is_initialized(), "ok": res.ok, "status": res.status}))

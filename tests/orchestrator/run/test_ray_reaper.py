@@ -16,6 +16,7 @@ import time
 import pytest
 
 from orchestrator.run.driver.ray_reaper import GRACE_S, _alive, descendants, start_reaper, watch
+from tests.helpers import TPS, driver_env, reap_driver, start_driver, write_spec
 
 DRIVER = """
 import subprocess, sys, time
@@ -107,12 +108,10 @@ def test_a_killed_drivers_ray_children_are_ended_and_its_other_children_left_alo
 @pytest.mark.slow
 @pytest.mark.stack
 def test_nothing_of_a_local_ray_outlives_a_kill_9_of_its_driver(tmp_path):
-    from tests.orchestrator.run.test_faults import TPS, _env, _reap, _start, _write
-
-    spec = _write(
+    spec = write_spec(
         tmp_path, "reap", budget={"mode": "tokens", "tokens": 600 * TPS}, resources={"workers": 1, "cpus_per_worker": 1, "zero_stage": 2}
     )
-    p = _start(spec, _env())
+    p = start_driver(spec, driver_env())
     try:
         deadline, ray_procs = time.time() + 300, set()
         while time.time() < deadline and p.poll() is None:
@@ -130,7 +129,7 @@ def test_nothing_of_a_local_ray_outlives_a_kill_9_of_its_driver(tmp_path):
         gone = _wait_gone(ray_procs, 20)
         left = [(pid, _cmdline(pid)) for pid, st in ray_procs if _alive((pid, st))]
     finally:
-        _reap(p)
+        reap_driver(p)
     assert gone is not None, f"still running 20 s after the kill: {left}"
     print(f"\n[ray leftovers] {len(ray_procs)} Ray processes under the driver; all gone {gone:.1f} s after its kill -9")
 

@@ -83,6 +83,7 @@ def server(tmp_path):
     srv.stop()
 
 
+@pytest.mark.slow  # a real `mlflow server`, stopped and restarted
 def test_points_are_kept_while_the_server_is_down_and_written_once_when_it_is_back(server):
     client = MlflowClient(server.url)
     run_id = client.create_run(client.create_experiment("outage")).info.run_id
@@ -107,6 +108,7 @@ def test_points_are_kept_while_the_server_is_down_and_written_once_when_it_is_ba
     print(f"\n[buffer outage] 20 points kept through the outage, written once {recovered:.1f} s after the first failed write")
 
 
+@pytest.mark.slow  # a real `mlflow server`, stopped and restarted
 def test_past_its_bound_the_outage_raises_with_a_reason_and_the_next_attempt_writes_what_it_kept(server):
     client = MlflowClient(server.url)
     run_id = client.create_run(client.create_experiment("outage")).info.run_id
