@@ -39,8 +39,8 @@ evidence: install
 	  $(BIN)/qkstudy report jobs/$$s.yaml --out results/$$s --no-log || exit $$?; \
 	done
 
-# Three tiers (CONTRIBUTING.md): unit (no Ray, no DeepSpeed, no training, no Docker; a conftest
-# guard fails a test that starts one), slow (real Ray, DeepSpeed, MLflow), stack (the compose
+# Three tiers (CONTRIBUTING.md): unit (no Ray, no DeepSpeed, no training, no Docker; a guard in
+# tests/fixtures/tiers.py fails a test that starts one), slow (real Ray, DeepSpeed, MLflow), stack (the compose
 # stack, loopback multi-node clusters, kill tests). `make test` runs all three in that order,
 # every tier even when an earlier one failed, and fails if any did. Each tier writes its
 # durations and a JUnit XML under build/test/.

@@ -26,7 +26,7 @@ import pytest
 
 # The module fixture builds the images when .ci/run's background build has not (cold: minutes)
 # and runs the study: more than `make test`'s per-test --timeout=1200. Marked `stack`: pytest
-# runs it last (tests/conftest.py).
+# runs it in the stack tier, after any image build (tests/fixtures/tiers.py).
 pytestmark = [pytest.mark.slow, pytest.mark.stack, pytest.mark.timeout(3600)]
 
 if os.environ.get("QKSTUDY_STACK_TEST") == "0":
