@@ -63,7 +63,7 @@ def local_ray() -> Iterator[Path]:
     """A local 2-CPU Ray for the training benchmarks and a scratch folder for their stores."""
     import ray
 
-    ray.init(address="local", num_cpus=2, namespace="qkstudy", log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, namespace="qkstudy", include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         yield Path(tempfile.mkdtemp(prefix="qkstudy-bench-"))
     finally:

@@ -66,18 +66,27 @@ class StudyResult:
         return all(s in ("finished", "skipped") for s in self.status.values())
 
 
+DASHBOARD_ENV = "QKSTUDY_RAY_DASHBOARD"
+
+
 def init_ray(address: str | None = None, verbose: bool = False) -> None:
-    """Join ``address`` (or RAY_ADDRESS), else start a local Ray; no-op when connected."""
+    """Join ``address`` (or RAY_ADDRESS), else start a local Ray; no-op when connected.
+
+    A local Ray starts without its dashboard unless ``QKSTUDY_RAY_DASHBOARD=1``: nothing here
+    uses it (job submission targets a cluster's own head), and its dozen head processes cost
+    about 5 s of wall-clock and 5-8 CPU-s per start on a 2-core machine (BENCHMARKS.md)."""
     if ray.is_initialized():
         return
     # "local": a fresh local Ray even if a stale `ray start` left its address file behind.
     target = address or os.environ.get("RAY_ADDRESS") or "local"
+    local = {"include_dashboard": os.environ.get(DASHBOARD_ENV) == "1"} if target == "local" else {}
     ray.init(
         address=target,
         namespace="qkstudy",
         log_to_driver=verbose,
         configure_logging=verbose,
         logging_level=logging.INFO if verbose else logging.ERROR,
+        **local,
     )
     if target == "local":  # a kill -9 of this driver would leave two Ray agents running (run.ray_reaper)
         from orchestrator.run.driver.ray_reaper import start_reaper

@@ -57,7 +57,15 @@ class _Holder:
 
 @pytest.fixture(scope="module")
 def logical_cluster():
-    ray.init(address="local", num_cpus=GPUS, num_gpus=GPUS, namespace="sched-test", log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=GPUS,
+        num_gpus=GPUS,
+        namespace="sched-test",
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     yield [n["Resources"] for n in ray.nodes() if n["Alive"]]
     ray.shutdown()
 
