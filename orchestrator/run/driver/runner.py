@@ -79,14 +79,14 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
         return
     # "local": a fresh local Ray even if a stale `ray start` left its address file behind.
     target = address or os.environ.get("RAY_ADDRESS") or "local"
-    local = {"include_dashboard": os.environ.get(DASHBOARD_ENV) == "1"} if target == "local" else {}
+    dashboard = os.environ.get(DASHBOARD_ENV) == "1" if target == "local" else None  # None: a cluster's own choice
     ray.init(
         address=target,
         namespace="qkstudy",
         log_to_driver=verbose,
         configure_logging=verbose,
         logging_level=logging.INFO if verbose else logging.ERROR,
-        **local,
+        include_dashboard=dashboard,
     )
     if target == "local":  # a kill -9 of this driver would leave two Ray agents running (run.ray_reaper)
         from orchestrator.run.driver.ray_reaper import start_reaper
