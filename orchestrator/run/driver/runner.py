@@ -73,8 +73,8 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
     """Join ``address`` (or RAY_ADDRESS), else start a local Ray; no-op when connected.
 
     A local Ray starts without its dashboard unless ``QKSTUDY_RAY_DASHBOARD=1``: nothing here
-    uses it (job submission targets a cluster's own head), and its dozen head processes cost
-    about 5 s of wall-clock and 5-8 CPU-s per start on a 2-core machine (BENCHMARKS.md)."""
+    uses it (job submission targets a cluster's own head), and its head processes cost about
+    4-8 s of wall-clock and 4-13 CPU-s per start on a 2-core machine (BENCHMARKS.md)."""
     if ray.is_initialized():
         return
     # "local": a fresh local Ray even if a stale `ray start` left its address file behind.

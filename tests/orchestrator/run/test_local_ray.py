@@ -23,5 +23,5 @@ def _dashboard_url(**env: str) -> str:
 
 @pytest.mark.slow
 def test_local_ray_starts_without_a_dashboard_unless_asked():
-    assert _dashboard_url() == ""
+    assert _dashboard_url(QKSTUDY_RAY_DASHBOARD="") == ""  # not this shell's setting: the default
     assert _dashboard_url(QKSTUDY_RAY_DASHBOARD="1").startswith("127.0.0.1:")  # the control: asked for, it is there
