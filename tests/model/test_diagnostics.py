@@ -145,9 +145,11 @@ def test_sharded_pieces_add_up_to_the_whole_probe(make_model, world):
     for r, p in enumerate(pieces):  # each rank fills only its own windows
         assert [w for w in range(5) if p[..., w].abs().sum() > 0] == list(range(r, 5, world))
     whole = torch.stack(pieces).sum(0)
-    assert torch.allclose(whole, window_stats(model, idx), rtol=1e-9, atol=1e-12)
+    # float32 forwards of a different batch size may take another BLAS path: equal to a few
+    # float32 ulps (seen: 1.2e-8 relative for one-window batches), not bit for bit
+    assert torch.allclose(whole, window_stats(model, idx), rtol=1e-6, atol=0)
     got, want = summarize(whole), attention_diagnostics(model, idx)
-    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-9) for k in want)
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-6) for k in want)
     # negative control: a piece missing (a rank's windows not added) changes the numbers
     if world > 1:
         assert summarize(whole - pieces[0])["attn/entropy"] != pytest.approx(want["attn/entropy"], rel=1e-6)
