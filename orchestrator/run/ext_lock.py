@@ -21,6 +21,15 @@ staleness rule here, since the file names no pid: a lock is stale when
 3. the same file (same inode) is still there and still unheld after ``recheck_s`` (a lock
    between a finishing builder's ``close`` and its ``remove`` is gone by then).
 
+The builder: torch runs ``ninja`` from ``PATH``, and ninja 1.13 records each command in the
+build dir's ``.ninja_log`` under another hash than 1.11 does (``ninja -d explain``: "command
+line changed", either way round), so a process that finds the
+system's ninja (Debian's 1.11) and one that finds this environment's (the ``ninja`` wheel
+DeepSpeed depends on; its ``bin`` is first on PATH in an activated venv or a Ray node started
+from it) each take the other's build for a changed command and rebuild the op: about a
+minute of compiling, with every other run on the machine waiting on the lock. ``pin_ninja``
+puts the environment's own ninja first, in the prebuild and in every training worker.
+
 Limits: only this machine's processes are visible, so a cache shared between machines (an NFS
 home) must not be swept: point ``TORCH_EXTENSIONS_DIR`` at a local folder there, or prebuild.
 Processes whose ``/proc`` entries cannot be read (other users) are not seen; the cache is
@@ -32,9 +41,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import sysconfig
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,6 +53,21 @@ MIN_AGE_S = 5.0
 RECHECK_S = 0.5
 # DeepSpeed op builders (accelerator class names) the product's runs JIT-build, with why.
 PRODUCT_OPS = {"ShareMemCommBuilder": "shared-memory collectives of DeepSpeed's CPU comm backend"}
+
+
+def pin_ninja(environ: MutableMapping[str, str] | None = None) -> Path | None:
+    """Put this Python environment's scripts folder first on ``PATH`` (of ``environ``, default
+    ``os.environ``) when it holds a ``ninja``, so every op build and up-to-date check of the
+    environment runs the same ninja (the module docstring says why). Idempotent; the folder
+    leaves its later place on PATH. Returns the folder, or None (PATH untouched) when the
+    environment has no ninja of its own."""
+    env = os.environ if environ is None else environ
+    scripts = Path(sysconfig.get_path("scripts"))
+    if not os.access(scripts / "ninja", os.X_OK):
+        return None
+    rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and Path(p) != scripts]
+    env["PATH"] = os.pathsep.join([str(scripts), *rest])
+    return scripts
 
 
 def extension_roots() -> list[Path]:
@@ -160,6 +185,7 @@ def prebuild(ops: dict[str, str] | None = None, log: Callable[[str], None] = pri
     Clears stale locks first. Raises RuntimeError (from DeepSpeed) when a build fails."""
     if not _cuda_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as the worker does
+    pin_ninja()  # as the worker does: the build it leaves is the one the worker finds up to date
     for msg in clear_stale_locks():
         log(msg)
     import deepspeed.ops

@@ -75,6 +75,14 @@ def test_loss_goes_down(study):
         assert hist[-1].value < hist[0].value - 0.5
 
 
+def test_training_finds_the_prebuilt_shm_op_up_to_date(tiny_study):
+    """The workers build the op with the ninja the install-time prebuild used, whichever ninja
+    the driver's PATH finds first (another version would rebuild it: run/ext_lock.py)."""
+    before, after = tiny_study.op_mtime_ns
+    assert before is not None, "the install-time prebuild left no shm op"
+    assert after == before, "the training rebuilt the shm op"
+
+
 def test_resubmit_trains_nothing(tiny_study_copy):
     d, env, plan = tiny_study_copy.folder, tiny_study_copy.env, tiny_study_copy.plan
     before = {r.info.run_id for r in _train_runs(d)[1]}

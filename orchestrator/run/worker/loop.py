@@ -36,7 +36,7 @@ import torch
 
 from orchestrator.plan.contract import RunSpec
 from orchestrator.run.ckpt_format import CKPT_TAG, save_share
-from orchestrator.run.ext_lock import sweeping
+from orchestrator.run.ext_lock import pin_ninja, sweeping
 from orchestrator.run.final_weights import save_final_weights
 from orchestrator.run.worker.branching import (
     BRANCH_POINT_KEY,
@@ -438,6 +438,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    pin_ninja()  # the ninja the prebuild used: another one would rebuild the shm op (ext_lock)
     ctx = ray.train.get_context()
     first_attempt = ray.train.get_checkpoint() is None  # no checkpoint existed when the group started
     guard = WorkerGuard(ctx.get_world_rank(), config["tracking_uri"]).start()  # one watchdog per process

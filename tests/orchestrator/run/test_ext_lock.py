@@ -5,9 +5,11 @@ live process holds open, or builds under, is left alone; a waiter is freed by th
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import threading
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 from torch.utils.file_baton import FileBaton
 
-from orchestrator.run.ext_lock import clear_stale_locks, find_locks, lock_users, sweeping
+from orchestrator.run.ext_lock import clear_stale_locks, find_locks, lock_users, pin_ninja, sweeping
 
 ROOT = Path(__file__).resolve().parents[3]
 OP = "deepspeed_shm_comm"
@@ -107,17 +109,51 @@ def test_sweeper_frees_a_process_waiting_on_a_dead_builders_lock(tmp_path):
     assert len(logged) == 1 and str(lock) in logged[0]
 
 
+def test_pin_ninja_puts_the_environments_ninja_first_once(tmp_path, monkeypatch):
+    scripts = Path(sysconfig.get_path("scripts"))
+    assert os.access(scripts / "ninja", os.X_OK)  # the ninja wheel DeepSpeed depends on
+    env = {"PATH": f"/usr/bin:{scripts}:/bin"}
+    assert pin_ninja(env) == scripts and env["PATH"] == f"{scripts}:/usr/bin:/bin"
+    assert pin_ninja(env) == scripts and env["PATH"] == f"{scripts}:/usr/bin:/bin"  # idempotent
+    # an environment without a ninja of its own leaves PATH as it is
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(tmp_path))
+    env = {"PATH": "/usr/bin:/bin"}
+    assert pin_ninja(env) is None and env["PATH"] == "/usr/bin:/bin"
+    (tmp_path / "ninja").write_text("#!/bin/sh\n")
+    assert pin_ninja(env) is None  # not executable: not a ninja
+    (tmp_path / "ninja").chmod(0o755)
+    assert pin_ninja(env) == tmp_path and env["PATH"] == f"{tmp_path}:/usr/bin:/bin"
+
+
+def _other_ninja(scripts: Path) -> str | None:
+    """A ninja on the system PATH of another version than the environment's, or None."""
+    found = shutil.which("ninja", path="/usr/local/bin:/usr/bin:/bin")
+    if found is None:
+        return None
+    version = lambda exe: subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return found if version(found) != version(str(scripts / "ninja")) else None
+
+
 LOAD_OP = "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
 
 
 @pytest.mark.slow
 def test_planted_lock_hangs_a_real_op_load_and_prebuild_clears_it(tmp_path):
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
+    # this environment's bin first on PATH, as in an activated venv or a Ray node started from it
+    scripts = Path(sysconfig.get_path("scripts"))
+    env = {
+        **os.environ,
+        "TORCH_EXTENSIONS_DIR": str(tmp_path),
+        "DS_ACCELERATOR": "cpu",
+        "PYTHONPATH": str(ROOT),
+        "PATH": f"{scripts}{os.pathsep}{os.environ['PATH']}",
+    }
     lock = _plant(tmp_path)
-    # Without the sweep, the load waits on the planted lock with no end and no message.
+    # Without the sweep, the load waits on the planted lock with no end and no message: it
+    # never holds the lock, so it never writes the build file (torch writes it under the lock).
     with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run([sys.executable, "-c", LOAD_OP], env=env, capture_output=True, timeout=45)
-    assert lock.exists()
+        subprocess.run([sys.executable, "-c", LOAD_OP], env=env, capture_output=True, timeout=25)
+    assert lock.exists() and not (tmp_path / OP / "build.ninja").exists()
     t0 = time.time()
     p = subprocess.run(
         [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=800
@@ -126,10 +162,23 @@ def test_planted_lock_hangs_a_real_op_load_and_prebuild_clears_it(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"removed stale torch-extension build lock {lock}" in p.stdout
     assert f"{OP} (" in p.stdout and "ready in" in p.stdout
-    assert list((tmp_path / OP).glob(f"{OP}*.so")) and not lock.exists()
+    (so,) = (tmp_path / OP).glob(f"{OP}*.so")
+    assert not lock.exists()
+    built_ns = so.stat().st_mtime_ns
+    # Again, from a shell whose PATH finds the system's ninja first: the prebuild pins the
+    # environment's, so the op is up to date (another ninja version would rebuild it, ext_lock).
+    other = _other_ninja(scripts)
     t0 = time.time()
     again = subprocess.run(
-        [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"],
+        env={**env, "PATH": f"{Path(other).parent}{os.pathsep}{env['PATH']}" if other else env["PATH"]},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert again.returncode == 0 and "removed" not in again.stdout
+    assert so.stat().st_mtime_ns == built_ns, f"rebuilt by {other or 'the same ninja'}"
+    if other is None:
+        print("no system ninja of another version on this machine: the rebuild it would cause is not exercised")
     print(f"prebuild of {OP}: {build_s:.0f} s (compiling), {time.time() - t0:.0f} s when built")
