@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from orchestrator.run.ext_lock import pin_ninja
+
 pytest_plugins = [
     "tests.fixtures.tiers",
     "tests.fixtures.cluster",
@@ -21,6 +23,12 @@ pytest_plugins = [
 # processes for its GenAI jobs, which qkstudy never submits) costs each server start seconds
 # of CPU and about 1 GB; docker/compose.yaml turns it off the same way.
 os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+
+
+# The tests' own DeepSpeed engines (the in-process ZeRO tests) and every process they start
+# build and check the shm op with this environment's ninja, as the product's prebuild and
+# workers do: the system's ninja would rebuild it each time (orchestrator/run/ext_lock.py).
+pin_ninja()
 
 
 @pytest.fixture(scope="session", autouse=True)
