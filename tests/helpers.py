@@ -16,9 +16,12 @@ from pathlib import Path
 import yaml
 from mlflow.tracking import MlflowClient
 
+from orchestrator.run.ext_lock import extension_roots
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 QKSTUDY = BIN / "qkstudy"
+SHM_OP = "deepspeed_shm_comm"  # the one op CPU training builds (orchestrator/run/ext_lock.py)
 TPS = 8 * 64  # tokens per optimizer step of TINY_SPEC (global batch 8 x seq_len 64)
 
 # The smallest study that trains for real: cpu-xs on 60 stdlib files, BPE 512, 8 x 64 tokens a
@@ -135,3 +138,14 @@ def assert_every_step_once(logged: list[int], n_steps: int, tps: int = TPS) -> N
     repeated = sorted({s for s in logged if logged.count(s) > 1})
     missing = sorted(set(expected) - set(logged))
     assert logged == expected, f"repeated {repeated}, missing {missing}, extra {sorted(set(logged) - set(expected))}"
+
+
+def built_shm_op() -> Path | None:
+    """The folder of the built DeepSpeed shm op (``<op>.so`` in it) under this user's
+    torch-extension root (``ext_lock.extension_roots``: ``$TORCH_EXTENSIONS_DIR/<op>`` or
+    ``~/.cache/torch_extensions/<tag>/<op>``), or None when it is not built."""
+    (root,) = extension_roots()
+    for d in [root / SHM_OP, *sorted(root.glob(f"*/{SHM_OP}"))]:
+        if (d / f"{SHM_OP}.so").is_file():
+            return d
+    return None

@@ -134,7 +134,8 @@ def _other_ninja(scripts: Path) -> str | None:
     return found if version(found) != version(str(scripts / "ninja")) else None
 
 
-LOAD_OP = "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
+IMPORTS = "from deepspeed.accelerator import get_accelerator"
+LOAD = "get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
 
 
 @pytest.mark.slow
@@ -151,8 +152,10 @@ def test_planted_lock_hangs_a_real_op_load_and_prebuild_clears_it(tmp_path):
     lock = _plant(tmp_path)
     # Without the sweep, the load waits on the planted lock with no end and no message: it
     # never holds the lock, so it never writes the build file (torch writes it under the lock).
-    with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run([sys.executable, "-c", LOAD_OP], env=env, capture_output=True, timeout=25)
+    # It says when the load starts: the timeout then bounds the load itself, not the imports.
+    with pytest.raises(subprocess.TimeoutExpired) as hung:
+        subprocess.run([sys.executable, "-c", f"{IMPORTS}; print('loading', flush=True); {LOAD}"], env=env, capture_output=True, timeout=25)
+    assert hung.value.stdout and b"loading" in hung.value.stdout, "the load never started: the timeout proves nothing"
     assert lock.exists() and not (tmp_path / OP / "build.ninja").exists()
     t0 = time.time()
     p = subprocess.run(

@@ -21,9 +21,11 @@ import pytest
 
 from tests.helpers import (
     QKSTUDY,
+    SHM_OP,
     TINY_SPEC,
     TPS,
     assert_every_step_once,
+    built_shm_op,
     driver_env,
     finish_driver,
     plan_json,
@@ -147,12 +149,10 @@ def _extensions_dir(tmp: Path) -> Path:
     """A private TORCH_EXTENSIONS_DIR holding the built shm op (copied from the user's cache
     when built there, else built by the install-time prebuild), so a planted lock blocks only
     this test's runs."""
-    from torch.utils.cpp_extension import get_default_build_root
-
     ext = tmp / "torch_extensions"
-    built = Path(get_default_build_root()) / "py311_cpu" / "deepspeed_shm_comm"
-    if (built / "deepspeed_shm_comm.so").is_file():
-        shutil.copytree(built, ext / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
+    built = built_shm_op()
+    if built is not None:
+        shutil.copytree(built, ext / SHM_OP, ignore=shutil.ignore_patterns("lock"))
     out = subprocess.run(
         [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"],
         cwd=ROOT,
