@@ -171,12 +171,14 @@ def run(
     from orchestrator.plan.spec import SpecError
     from orchestrator.run.driver.prepare_tasks import CorpusError
     from orchestrator.run.driver.study import run_study
+    from orchestrator.track.timeline import Timeline
     from orchestrator.track.tracking import redact_uri, study_tracking_uri
 
+    timeline = Timeline.since_process_start().mark("imports")
     s = _load(spec)
     check_local_corpus_paths(s, spec)
     try:
-        res = run_study(s, address=address, console=err, verbose=verbose, wait=wait)
+        res = run_study(s, address=address, console=err, verbose=verbose, wait=wait, timeline=timeline)
     except CorpusError as e:  # the spec's field is the one to fix
         raise SpecError(spec, [(f"corpora.{e.corpus_name}" if s.corpora else "corpus", str(e))]) from None
     counts = Counter(res.status.values())
@@ -200,8 +202,10 @@ def train(
     from orchestrator.plan.spec import default_workdir
     from orchestrator.plan.tracking_uri import check_tracking_uri
     from orchestrator.run.driver.runner import run_runs
+    from orchestrator.track.timeline import Timeline
     from orchestrator.track.tracking import default_tracking_uri
 
+    timeline = Timeline.since_process_start().mark("imports")
     if tracking_uri is not None:
         check_tracking_uri(tracking_uri, "--tracking-uri")
     run_spec = load_run_file(run_file)
@@ -214,6 +218,7 @@ def train(
         address=address,
         console=err,
         verbose=verbose,
+        timeline=timeline,
     )
     st = res.status.get(run_spec.run_id)
     err.print(f"{run_spec.run_name}: {st} {res.reasons.get(run_spec.run_id, '')}")

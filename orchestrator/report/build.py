@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.report import curves as C
-from orchestrator.report import gaps, plots, render, tables, time_split, unigram
+from orchestrator.report import gaps, plots, render, startup, tables, time_split, unigram
 from orchestrator.report.errors import ReportError
 from orchestrator.report.output import GENERATOR, check_out_dir, jsonable, swap_in, write_file
 from orchestrator.report.query import StudyData, query_study
@@ -70,7 +70,8 @@ def build_report(
     {variant: seed mean}, token_ratio (value, bound if censored, or None), censored, ...;
     "gaps" lists every input the store lacks as a sentence (gaps.py); "unigram" the corpus's
     unigram baseline and each arm's final / unigram ratio (unigram.py), also per scale entry;
-    "time_split" the study's worker seconds in and outside optimizer steps (time_split.py).
+    "time_split" the study's worker seconds in and outside optimizer steps (time_split.py);
+    "startup" (when runs logged one) the median seconds to each run's first optimizer step (startup.py).
     Raises ReportError when the experiment is missing, has no training runs, no run carries
     the variant and scale tags, the reference variant has no run, target names no variant
     of the study, or out_dir exists and is a file or a non-empty folder that is not a
@@ -91,6 +92,7 @@ def build_report(
     tabs.update(tuning_tables(data.tracking_uri, data.experiment_id))
     unigram.attach(summary, tabs, data.tracking_uri, data.experiment_id, corpus or (corpora[0] if len(corpora) == 1 else None))
     time_split.attach(summary, tabs, data.runs, data.metrics)
+    startup.attach(summary, tabs, data.runs, data.metrics)
     if corpus is not None:
         summary["corpus"] = corpus
         for s_ in summary["scales"]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from orchestrator.report import time_split, tuning, unigram
+from orchestrator.report import startup, time_split, tuning, unigram
 from orchestrator.report.interval import COVERAGE
 from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
 
@@ -72,6 +72,7 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
         stability(tables),
         cost(summary, tables),
         time_spent(summary, tables),
+        *([start_up(tables)] if startup.TABLE in tables else []),
         problems(summary, tables),
         missing_inputs(summary),
     ]
@@ -351,6 +352,10 @@ def time_spent(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
     entry = summary.get("time_split") or {"recorded": False}
     table = time_split.display(tables[time_split.TABLE]) if time_split.TABLE in tables else None
     return Section("Where the time went", time_split.section_text(entry), table)
+
+
+def start_up(tables: dict[str, pd.DataFrame]) -> Section:
+    return Section("Start-up", startup.section_text(tables[startup.TABLE]), startup.display(tables[startup.TABLE]))
 
 
 def problems(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:

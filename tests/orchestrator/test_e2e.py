@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from orchestrator.track.timeline import PREFIX, SECTIONS, TOTAL
 from tests.helpers import qk
 
 pytestmark = pytest.mark.slow
@@ -73,6 +74,23 @@ def test_loss_goes_down(study):
     for r in runs:
         hist = c.get_metric_history(r.info.run_id, "train/loss")
         assert hist[-1].value < hist[0].value - 0.5
+
+
+def test_each_run_logs_its_start_up_timeline_from_the_command(tiny_study):
+    """Every run logs where its seconds to the first optimizer step went; the sections add up to
+    the total, and the total is the time from the command's start (this test's clock, just before
+    it started `qkstudy run`) to the moment rank 0 logged it after that step."""
+    c, runs = _train_runs(tiny_study.folder)
+    for r in runs:
+        (total,) = c.get_metric_history(r.info.run_id, TOTAL)
+        sections = {k: v for k, v in r.data.metrics.items() if k.startswith(PREFIX) and k != TOTAL}
+        assert {f"{PREFIX}{s}_s" for s in SECTIONS} == set(sections)  # every run opened its own worker group
+        assert all(v >= 0 for v in sections.values()) and sum(sections.values()) == pytest.approx(total.value, abs=1.0)
+        planned = next(p for p in tiny_study.plan if p["run_id"] == r.data.tags["run_id"])
+        assert total.step == planned["tokens"] // planned["steps"]  # logged at the first step
+        # the clock of the test and of the driver is one: the timeline starts at the command
+        assert total.timestamp / 1000 - tiny_study.started_at == pytest.approx(total.value, abs=1.0)
+        assert sections[f"{PREFIX}worker_group_s"] > 0.5 and sections[f"{PREFIX}ray_s"] > 0.5
 
 
 def test_training_finds_the_prebuilt_shm_op_up_to_date(tiny_study):

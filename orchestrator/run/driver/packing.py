@@ -21,6 +21,7 @@ import ray
 from orchestrator.plan.contract import RunSpec
 from orchestrator.run.driver.leasing import run_leases
 from orchestrator.run.driver.placement import worker_resources
+from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status, set_status
 
 # The controller checks its workers this often; a finished run is noticed at the next check.
@@ -91,9 +92,10 @@ def pack_items(pack: Pack, datasets: dict[str, dict[str, Any]], mlflow_ids: dict
     ]
 
 
-def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None):
+def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None, timeline: Timeline):
     """The pack's TorchTrainer: workers sized from the runs' (shared) resources block, the
-    pack's name and storage for its checkpoints, ``max_retries`` worker-group restarts."""
+    pack's name and storage for its checkpoints, ``max_retries`` worker-group restarts; its
+    workers continue ``timeline`` (its ``trainer`` section ends here)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -103,7 +105,13 @@ def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str,
     use_gpu = res.gpus_per_worker > 0
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"runs": items, "tracking_uri": tracking_uri, "board": board, "storage_path": storage_path},
+        train_loop_config={
+            "runs": items,
+            "tracking_uri": tracking_uri,
+            "board": board,
+            "storage_path": storage_path,
+            "timeline": timeline.mark("trainer").to_json(),
+        },
         scaling_config=ScalingConfig(num_workers=res.workers, use_gpu=use_gpu, resources_per_worker=worker_resources(res)),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=RunConfig(
@@ -141,19 +149,26 @@ def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dic
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def fit_pack(name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None) -> dict[str, dict[str, str]]:
+def fit_pack(
+    name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None, timeline: list | None = None
+) -> dict[str, dict[str, str]]:
     """Owns one pack's TorchTrainer; ``items``: ``pack_items``. Returns {run_id: {status,
     reason}}. Any failure is recorded in MLflow, never raised. Each run's lease is held while
     the pack trains (``run.driver.leasing``); a run whose lease another live pack holds is not
-    trained here and comes back ``held``, with the holder in its reason."""
+    trained here and comes back ``held``, with the holder in its reason. ``timeline``: the
+    driver's start-up marks (``Timeline.to_json``), continued here and handed to the workers."""
+    tl = Timeline.from_json(timeline) or Timeline.since()
+    tl.mark("queued")
     os.environ.setdefault(_HEALTH_CHECK_ENV, _HEALTH_CHECK_S)  # Ray Train hands it to its controller
     with run_leases(items, storage_path) as (mine, held):
-        return {**(_fit(name, mine, tracking_uri, storage_path, board) if mine else {}), **held}
+        return {**(_fit(name, mine, tracking_uri, storage_path, board, tl) if mine else {}), **held}
 
 
-def _fit(name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None) -> dict[str, dict[str, str]]:
+def _fit(
+    name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None, timeline: Timeline
+) -> dict[str, dict[str, str]]:
     """Fit the pack's trainer on ``items`` and read each run's outcome back (``_outcomes``)."""
-    trainer = _trainer(name, items, tracking_uri, storage_path, board)
+    trainer = _trainer(name, items, tracking_uri, storage_path, board, timeline)
     crash = ""
     try:
         trainer.fit()

@@ -48,6 +48,7 @@ from orchestrator.run.driver.records import (
 )
 from orchestrator.run.progress import StudyProgress, board_name, get_board, on_driver_node
 from orchestrator.track.lease import STUDY_LEASE, Lease
+from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_QUEUED, create_run, redact_uri, set_status
 
 
@@ -106,6 +107,7 @@ def run_runs(
     max_in_flight: int | None = None,
     wait: bool = False,
     lease: Lease | None = None,
+    timeline: Timeline | None = None,
 ) -> StudyResult:
     """Schedule ``runs`` (all of one study) on Ray under the study's lease; see
     ``orchestrator.run.driver.study.run_study`` for the other arguments.
@@ -115,6 +117,9 @@ def run_runs(
     stages under one lease (the tuned protocol, ``run.driver.study``) passes the study lease it holds
     (from ``run.driver.leasing.study_lease`` on ``storage_path``); it is neither taken nor released
     here, and ``wait`` is unused.
+
+    ``timeline``: the command's start-up marks so far (``track.timeline``; the CLI's start from
+    the process's); None starts one here. Each run's start-up timeline continues it.
 
     ``qkstudy train RUN.yaml`` calls this with one run: the same code path as a study.
 
@@ -132,9 +137,9 @@ def run_runs(
                 f"run_runs(lease=...) needs the held study lease of {storage_path!r}, got lease "
                 f"{lease.name!r} of {lease.location!r} (generation {lease.generation})"
             )
-        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight)
+        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline)
     with study_lease(study_name, storage_path, console, wait=wait):
-        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight)
+        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline)
 
 
 def _run_leased(
@@ -146,9 +151,11 @@ def _run_leased(
     console: Console,
     verbose: bool,
     max_in_flight: int | None,
+    timeline: Timeline | None,
 ) -> StudyResult:
     """``run_runs`` once the study's lease is held (by this call or by its caller)."""
     t0 = time.time()
+    timeline = timeline.then("plan") if timeline else Timeline.since()
     result = StudyResult()
     console.print(f"[bold]{study_name}[/]: {len(runs)} planned runs; MLflow {redact_uri(tracking_uri)}")
     if finished_before_ray(runs, study_name, tracking_uri):
@@ -158,20 +165,25 @@ def _run_leased(
         result.wall_s = time.time() - t0
         return result
     init_ray(address, verbose)
+    timeline.mark("ray")
     nodes = alive_nodes()
     with console.status("preparing data (Ray tasks)"):
         datasets = prepare_data(runs)
     for name, d in datasets.items():
         console.print(f"data {name}: {d['path']} (content {d['content_hash'][:12]})")
     check_data_fits(runs, datasets)  # before MLflow is touched: a bad corpus leaves no record
+    timeline.mark("data")
 
     todo = _register(runs, study_name, tracking_uri, datasets, nodes, result, console)
     record_unigrams(tracking_uri, study_name, {n: d.get("unigram") for n, d in datasets.items()}, console)
     skipped = sum(1 for s in result.status.values() if s == "skipped")
     if skipped:
         console.print(f"{skipped} run(s) already finished in MLflow: skipped")
+    timeline.mark("mlflow")
     if todo:
-        _launch_and_watch(study_name, launch_order(runs), todo, datasets, tracking_uri, storage_path, result, console, nodes, max_in_flight)
+        _launch_and_watch(
+            study_name, launch_order(runs), todo, datasets, tracking_uri, storage_path, result, console, nodes, max_in_flight, timeline
+        )
     result.wall_s = time.time() - t0
     return result
 
@@ -260,9 +272,11 @@ def _launch_and_watch(
     console: Console,
     nodes: list[dict[str, float]],
     max_in_flight: int | None,
+    timeline: Timeline,
 ) -> None:
     """Hand the packs of ``todo`` to Ray (at most as many as fit at once), draw progress from
-    the study's board, and record each run's final state in ``result`` as its pack ends."""
+    the study's board, and record each run's final state in ``result`` as its pack ends.
+    Each pack's task continues ``timeline`` (its ``queued`` section ends when the task starts)."""
     board, bname = get_board(study_name), board_name(study_name)
     # One pack per slot the cluster has (a study's runs share one resources block): each pack
     # that ends frees a slot for the next-longest, so Ray's placement follows LPT order.
@@ -274,7 +288,7 @@ def _launch_and_watch(
         def launch(pack: Pack) -> ray.ObjectRef:
             # On the driver's node: the pack's trainer (and Ray Train's controller) outlive a worker node.
             return fit_pack.options(scheduling_strategy=on_driver_node()).remote(
-                pack.name, pack_items(pack, datasets, mlflow_ids), uri, storage, bname
+                pack.name, pack_items(pack, datasets, mlflow_ids), uri, storage, bname, timeline.to_json()
             )
 
         def on_done(pack: Pack, outs: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ from orchestrator.plan.tuning import KIND, LrChoice
 from orchestrator.run.driver.leasing import study_lease
 from orchestrator.run.driver.records import existing_runs
 from orchestrator.run.driver.runner import StudyResult, run_runs
+from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import run_status, study_tracking_uri
 
 
@@ -47,6 +48,7 @@ def run_study(
     verbose: bool = False,
     max_in_flight: int | None = None,
     wait: bool = False,
+    timeline: Timeline | None = None,
 ) -> StudyResult:
     """Train every planned run of ``study`` that is not already finished (with ``tune:``, its
     tuning runs first, then its main runs at the chosen LRs: ``run_tuned_study``), holding the
@@ -59,6 +61,8 @@ def run_study(
         max_in_flight: runs handed to Ray at once (default: as many as the cluster holds at
             once); Ray decides where each run's workers go.
         wait: when another driver holds the study's lease, wait for it (``run.driver.leasing``).
+        timeline: the command's start-up marks so far (``track.timeline``); the first stage's
+            runs continue it, a later stage's start their own at its start.
 
     Returns:
         StudyResult with every run's final state (also in MLflow, which is the record).
@@ -69,7 +73,9 @@ def run_study(
             cannot be read to compute its content hash.
     """
     if study.tune is not None:
-        return run_tuned_study(study, address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, wait=wait)
+        return run_tuned_study(
+            study, address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, wait=wait, timeline=timeline
+        )
     return run_runs(
         plan_study(study),
         study.name,
@@ -80,6 +86,7 @@ def run_study(
         verbose=verbose,
         max_in_flight=max_in_flight,
         wait=wait,
+        timeline=timeline,
     )
 
 
@@ -105,6 +112,7 @@ def run_tuned_study(
     verbose: bool = False,
     max_in_flight: int | None = None,
     wait: bool = False,
+    timeline: Timeline | None = None,
 ) -> StudyResult:
     """Tuning runs, the LR choice, then the main runs (module docstring), all under one study
     lease taken here (``wait`` as in ``run_study``; the other arguments as ``run_runs`` takes
@@ -124,13 +132,22 @@ def run_tuned_study(
     tuning = plan_tuning(study, plan(study, table, data))
     with study_lease(study.name, storage, console, wait=wait) as lease:
 
-        def stage(runs: list[RunSpec]) -> StudyResult:  # under the lease held here, not one of its own
+        def stage(runs: list[RunSpec], timeline: Timeline | None = None) -> StudyResult:  # under the lease held here
             return run_runs(
-                runs, study.name, uri, storage, address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, lease=lease
+                runs,
+                study.name,
+                uri,
+                storage,
+                address=address,
+                console=console,
+                verbose=verbose,
+                max_in_flight=max_in_flight,
+                lease=lease,
+                timeline=timeline,
             )
 
         console.print(f"[bold]tuning[/]: {len(tuning)} runs ({len(study.tune.lr) if study.tune else 0} learning rates per arm)")
-        result = stage(tuning)
+        result = stage(tuning, timeline)
         choices = choose(study, tuning, tuning_outcomes(uri, study.name, tuning))
         incomplete = sorted(k for k, c in choices.items() if not c.complete) + sorted({(r.variant, r.scale) for r in tuning} - set(choices))
         try:

@@ -49,6 +49,7 @@ from orchestrator.run.worker.evaluate import eval_sums, val_metrics
 from orchestrator.run.worker.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
 from orchestrator.run.worker.recorder import Recorder
 from orchestrator.run.worker.stall import StepHook, WorkerGuard, block_hook_from_env, chain_hooks, kill_hook_from_env, worker_log
+from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status
 
 
@@ -85,11 +86,13 @@ class RunLoop:
         data_hash: str | None = None,
         guard: WorkerGuard | None = None,
         storage_path: str = "",
+        timeline: Timeline | None = None,
     ):
         self.run, self.rank, self.world = run, rank, world_size
         self.step_hook, self.data_hash, self.guard = step_hook, data_hash, guard or WorkerGuard(rank, tracking_uri)
         self.data_path, self.tracking_uri, self.mlflow_run_id, self.board = data_path, tracking_uri, mlflow_run_id, board
         self.storage_path = storage_path
+        self.timeline = timeline or Timeline.since()
         self.dist = _Dist()
         self.on_gpu = torch.cuda.is_available() and run.resources.gpus_per_worker > 0
         self.geom = batch_geometry(run.train.global_batch, world_size, run.train.micro_batch)
@@ -104,8 +107,10 @@ class RunLoop:
         r, t = self.run, self.run.train
         torch.manual_seed(r.seed)
         model = GPT(ModelConfig(**r.model), seed=r.seed)  # same seed: same shared weights in every variant
+        self.timeline.mark("model")
         self.train_loader = TokenLoader(self.data_path, "train", t.seq_len, t.global_batch, r.seed)
         self.val_loader = TokenLoader(self.data_path, "val", t.seq_len, t.global_batch, 0)
+        self.timeline.mark("data_loader")
         optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=t.betas, fused=False, foreach=True)
         schedule = lambda step: lr_multiplier(step, r.steps, t.warmup_steps, t.schedule, t.min_lr_ratio, t.decay_fraction)  # noqa: E731
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -115,6 +120,7 @@ class RunLoop:
                 model=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg, dist_init_required=False
             )
         self.device = self.engine.device
+        self.timeline.mark("engine")
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.on_gpu else nullcontext()
 
     def _restore(self) -> dict[str, Any]:
@@ -237,6 +243,7 @@ class RunLoop:
                 return ended
             self._build()
             state = self._branch_start(self._restore())
+            self.timeline.mark("restore")
         self._time_earlier = state.get("time_split", {})
         r = self.run
         self.rec = rec = self._open_record(state)
@@ -250,6 +257,8 @@ class RunLoop:
                 loss, grad_norm, lr = self._train_step(step)
             step += 1
             wall_s += time.perf_counter() - t0
+            if step == state["step"] + 1:  # this attempt's first optimizer step: its start-up is over
+                rec.startup(step, self.timeline.mark("first_step").metrics())
             reason = _divergence(loss, grad_norm, step, step * r.train.tokens_per_step)
             if reason:
                 rec.failed(step, reason)
@@ -429,7 +438,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point: train a pack of runs back to back.
 
     ``config``: runs (a list of {run: RunSpec as dict, data_path, mlflow_run_id}),
-    tracking_uri, board (progress actor name or None). A run that ends (finished, or failed
+    tracking_uri, board (progress actor name or None), timeline (the driver's and the pack
+    task's start-up marks, ``track.timeline``: the first run continues them, each later run starts
+    its own where the previous one ended, a restarted group at its entry). A run that ends (finished, or failed
     by divergence) never stops the pack; a crash does, and Ray's FailureConfig restarts the
     group, which skips the runs already ended and resumes the checkpointed one."""
     import gc
@@ -441,6 +452,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     pin_ninja()  # the ninja the prebuild used: another one would rebuild the shm op (ext_lock)
     ctx = ray.train.get_context()
     first_attempt = ray.train.get_checkpoint() is None  # no checkpoint existed when the group started
+    timeline = Timeline.from_json(config.get("timeline")) if first_attempt else None
+    timeline = timeline.mark("worker_group") if timeline else Timeline.since("restart")
     guard = WorkerGuard(ctx.get_world_rank(), config["tracking_uri"]).start()  # one watchdog per process
     step_hook = chain_hooks(kill_hook_from_env(), block_hook_from_env()) if first_attempt else None
     statuses = []
@@ -457,8 +470,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             data_hash=item.get("data_hash"),
             guard=guard,
             storage_path=config.get("storage_path", ""),
+            timeline=timeline,
         )
         statuses.append(loop.run_loop())
+        timeline = Timeline.since("previous_run")
         del loop  # free the engine (weights, optimizer states) before the next run builds its own
         gc.collect()
     guard.watchdog.stop()

@@ -31,6 +31,7 @@ from orchestrator.run.progress import report_progress
 from orchestrator.run.worker.mfu import device_peak_flops, mfu
 from orchestrator.track.http_env import apply_http_env
 from orchestrator.track.metric_buffer import MetricBuffer
+from orchestrator.track.timeline import TOTAL as STARTUP_TOTAL
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_RUNNING, client_for, last_logged_step, set_status
 
 
@@ -175,6 +176,19 @@ class Recorder:
         """Queue a checkpoint's ``checkpoint/*`` numbers (size, save and persist seconds)."""
         if self.active:
             self.metrics.add(numbers, step * self.tps)
+
+    def startup(self, step: int, seconds: dict[str, float]) -> None:
+        """Queue the attempt's start-up timeline (``startup/*_s``, ``track.timeline``) at ``step``,
+        its first optimizer step. A resumed attempt whose first step MLflow already holds a
+        timeline at (an attempt that died before its first checkpoint) logs none: no step twice."""
+        if not self.active:
+            return
+        tokens = step * self.tps
+        if tokens <= self.metrics.resume_after and any(
+            m.step == tokens for m in self.client.get_metric_history(self.mlflow_run_id, STARTUP_TOTAL)
+        ):
+            return
+        self.metrics.add(seconds, tokens, even_if_logged=True)
 
     def time_split(self, step: int, seconds: dict[str, float]) -> None:
         """Queue the run's time split (``time/*_s`` seconds, ``RunLoop.time_split``) at ``step``,
