@@ -37,6 +37,7 @@ SECTIONS: dict[str, str] = {
     "queued": "the pack waiting for a free slot and its task's start",
     "trainer": "the pack's TorchTrainer built (Ray Train imports)",
     "worker_group": "Ray Train's controller, worker processes and process group",
+    "worker_imports": "DeepSpeed, the model and the data loader imported in the worker",
     "model": "the model built",
     "data_loader": "the token loaders opened",
     "engine": "the DeepSpeed engine (ZeRO stage, optimizer, op load)",

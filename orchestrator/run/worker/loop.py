@@ -104,6 +104,7 @@ class RunLoop:
         from data_pipeline import TokenLoader
         from model import GPT, ModelConfig
 
+        self.timeline.mark("worker_imports")
         r, t = self.run, self.run.train
         torch.manual_seed(r.seed)
         model = GPT(ModelConfig(**r.model), seed=r.seed)  # same seed: same shared weights in every variant
