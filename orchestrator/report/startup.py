@@ -4,9 +4,10 @@ Why: a short study's wall-clock is mostly start-up (Ray, Ray Train's worker grou
 DeepSpeed engine), and what is not shown is not cut. Each attempt of a run logs its timeline at
 its first optimizer step (``track.timeline``: ``startup/<section>_s`` and ``startup/total_s``).
 Here the first attempt of each finished run counts (the earliest ``startup/total_s``), split by
-where its timeline began: at the command (a run that opened its worker group) or where the
-previous run of its worker group ended. A store from before the timeline existed gets no
-section.
+where its timeline began: at the command (a run that opened its worker group) or in the worker
+(a later run of its worker group, timed from where the previous run ended, or a run whose worker
+group restarted before its first step, timed from the restart). A store from before the
+timeline existed gets no section.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from orchestrator.track.timeline import PREFIX, SECTIONS, TOTAL
 
 TABLE = "startup"
 COLUMNS = ["runs_from", "section", "runs", "median_s", "max_s"]
-FIRST, LATER = "the command", "the previous run"
+FIRST, LATER = "the command", "the worker (a previous run or a restart)"
 
 
 def startup_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame | None:

@@ -53,7 +53,7 @@ def test_summary_and_text():
     text = startup.section_text(tabs[startup.TABLE])
     assert text[0].startswith("3 run(s) timed from the command: first optimizer step after 29.0 s")
     assert "the largest part worker_group (14.0 s" in text[0]
-    assert text[1].startswith("1 run(s) timed from the previous run: first optimizer step after 1.6 s")
+    assert text[1].startswith("1 run(s) timed from the worker (a previous run or a restart): first optimizer step after 1.6 s")
 
 
 def test_no_timeline_no_section():
