@@ -157,6 +157,12 @@ def _input_files(corpus: CorpusConfig) -> list[tuple[_File, str | None]]:
     return out
 
 
+def input_file_sizes(corpus: CorpusConfig) -> list[tuple[int, str | None]]:
+    """(bytes on disk, split: None for train or "val") of every input file of a file corpus
+    (stdlib, text, jsonl, parquet), without reading them. Raises DataError as the listing does."""
+    return [(f.fs.get_file_info(f.path).size or 0, split) for f, split in _input_files(corpus)]
+
+
 def fingerprint(corpus: CorpusConfig) -> dict:
     """What the prepared data depends on besides the configs: sha256 of every input file
     (stdlib: plus the interpreter version), the dataset identity for `hf`, the generator's

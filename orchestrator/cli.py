@@ -76,8 +76,14 @@ def _study_uri(study: str, tracking_uri: str | None) -> tuple[str, str]:
 @input_errors
 def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> None:
     """Validate a spec; print every error with its file and field path (exit code 2)."""
+    from orchestrator.plan.inputs import fit_problems
+    from orchestrator.plan.spec import SpecError
+
     s = _load(spec)
     runs = _planned(s)  # a spec that cannot be planned is not valid either
+    problems = fit_problems(s, runs)  # nor one whose runs its data or devices cannot support
+    if problems:
+        raise SpecError(spec, problems)
     n = lambda k, word: f"{k} {word}{'' if k == 1 else 's'}"  # noqa: E731
     out.print(
         f"{spec}: ok ({s.name}: {n(len(s.scales), 'scale')} x {n(len(s.variants), 'variant')} x "
@@ -108,19 +114,24 @@ def plan_cmd(
     """Print the compute-matched runs of a study before anything runs."""
     from orchestrator.cli_files import write_run_files
     from orchestrator.cli_tables import plan_rows, plan_table, power_text
+    from orchestrator.plan.epochs import corpus_sizes
+    from orchestrator.plan.inputs import fit_problems
     from orchestrator.plan.throughput import throughput_table
 
     s = _load(spec)
     runs = _planned(s)
+    for loc, msg in fit_problems(s, runs):  # shown, not refused: `validate` and `run` refuse them
+        err.print(f"[yellow]warning[/]: {loc}: {escape(msg)}")
     if write_runs:
         write_run_files(write_runs, runs)
     power = power_text(len(s.seeds), seed_sd, gap) if seed_sd is not None else ""
+    table, sizes = throughput_table(s) or {}, corpus_sizes(s, {r.corpus_name: r.data_hash for r in runs})
     if as_json:
-        print(json.dumps(plan_rows(runs), indent=2))
+        print(json.dumps(plan_rows(s, runs, table, sizes), indent=2))
         if power:  # stdout stays one JSON document
             err.print(power, highlight=False)
         return
-    for part in plan_table(s, runs, throughput_table(s) or {}):
+    for part in plan_table(s, runs, table, sizes):
         out.print(part)
     if s.tune is not None:  # tuning compute shown apart from the main budget
         from orchestrator.plan.tune_plan import tuning_summary
@@ -167,6 +178,7 @@ def run(
     wait: bool = typer.Option(False, "--wait", help="If another driver runs this study, wait for it to end, then train what is left."),
 ) -> None:
     """Run a study: train every planned run not already finished in MLflow."""
+    from orchestrator.plan.inputs import FitError
     from orchestrator.plan.paths import check_local_corpus_paths
     from orchestrator.plan.spec import SpecError
     from orchestrator.run.driver.prepare_tasks import CorpusError
@@ -181,6 +193,8 @@ def run(
         res = run_study(s, address=address, console=err, verbose=verbose, wait=wait, timeline=timeline)
     except CorpusError as e:  # the spec's field is the one to fix
         raise SpecError(spec, [(f"corpora.{e.corpus_name}" if s.corpora else "corpus", str(e))]) from None
+    except FitError as e:
+        raise SpecError(spec, e.problems) from None
     counts = Counter(res.status.values())
     err.print(f"study {s.name} done in {res.wall_s:.0f} s: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     err.print(f"MLflow: {redact_uri(study_tracking_uri(s))} (experiment {s.name})")

@@ -1,8 +1,9 @@
 """The tables ``qkstudy`` prints (rich), kept apart from the command wiring in ``cli.py``.
 
 Each function takes what a stage returned and gives back something ``Console.print`` shows;
-none of them computes a number (device-hours come from ``orchestrator.plan.throughput``, the
-power statement from ``orchestrator.report.power``). Stages are imported where a table needs
+none of them computes a number (device-hours come from ``orchestrator.plan.throughput``,
+epochs from ``orchestrator.plan.epochs``, memory from ``orchestrator.plan.memory``, the power
+statement from ``orchestrator.report.power``). Stages are imported where a table needs
 them: ``qkstudy plan`` must not pay for MLflow, nor ``qkstudy status`` for scipy.
 """
 
@@ -12,12 +13,26 @@ from typing import Any
 
 from rich.table import Table
 
-from orchestrator.plan.throughput import ThroughputTable, device_hours
+from orchestrator.plan import memory
+from orchestrator.plan.epochs import CorpusSize, epochs
+from orchestrator.plan.throughput import ThroughputTable, declared_mfu, device_hours, device_hours_at_mfu
 
 
-def plan_table(study: Any, runs: list[Any], throughput: ThroughputTable) -> tuple[Table, str]:
-    """The plan (one row per run, device-hours where the throughput is known) and its total line."""
-    hours = {r.run_id: device_hours(r, throughput) for r in runs}
+def plan_hours(study: Any, runs: list[Any], throughput: ThroughputTable) -> tuple[dict[str, float | None], str | None]:
+    """Device-hours per run_id and where they came from: a declared MFU
+    (``throughput.device_hours_at_mfu``), else the tokens/s table (declared or calibrated);
+    the source is None when neither gives them."""
+    declared = declared_mfu(study)
+    if declared is not None:
+        return {r.run_id: device_hours_at_mfu(r, declared) for r in runs}, f"a declared MFU of {declared.mfu:g}"
+    source = "the spec" if study.budget.throughput else "calibration"
+    return {r.run_id: device_hours(r, throughput) for r in runs}, source
+
+
+def plan_table(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: dict[str, CorpusSize]) -> tuple[Table, str]:
+    """The plan (one row per run: epochs of its corpus, estimated memory per device,
+    device-hours where known) and its total line."""
+    hours, source = plan_hours(study, runs, throughput)
     t = Table(title=f"{study.name}: {len(runs)} runs, budget mode {study.budget.mode} (N = non-embedding parameters)")
     cols = [
         "run_id",
@@ -31,12 +46,15 @@ def plan_table(study: Any, runs: list[Any], throughput: ThroughputTable) -> tupl
         "tokens",
         "steps",
         "total FLOPs",
+        "epochs",
+        "GiB/device",
         "est. device-h",
     ]
     for c in cols:
         t.add_column(c, justify="right" if c not in ("run_id", "variant", "scale") else "left")
     for r in runs:
-        h = hours[r.run_id]
+        h, e = hours[r.run_id], epochs(r, sizes)
+        approx = "~" if sizes[r.corpus_name].source == "estimate" else ""
         t.add_row(
             r.run_id,
             r.variant,
@@ -49,16 +67,22 @@ def plan_table(study: Any, runs: list[Any], throughput: ThroughputTable) -> tupl
             f"{r.tokens:,}",
             f"{r.steps:,}",
             f"{r.total_flops:.3e}",
+            f"{approx}{e:.3g}" if e is not None else "?",
+            f"{memory.estimate(r).total / memory.GIB:.2f}",
             f"{h:.2f}" if h is not None else "-",
         )
     known = [h for h in hours.values() if h is not None]
-    source = "the spec" if study.budget.throughput else "calibration"
     est = (
-        f", {sum(known):,.1f} device-hours (throughput from {source})"
+        f", {sum(known):,.1f} device-hours (from {source})"
         if len(known) == len(runs)
         else " (device-hours: run `qkstudy calibrate SPEC` or declare budget.throughput)"
     )
-    return t, f"total: {sum(r.tokens for r in runs):,} tokens, {sum(r.total_flops for r in runs):.3e} FLOPs" + est
+    corpora = "; ".join(
+        f"corpus {name!r}: "
+        + (f"{z.train_tokens:,.0f} unique train tokens ({z.source})" if z.train_tokens else "size unknown here (epochs ?)")
+        for name, z in sizes.items()
+    )
+    return t, f"total: {sum(r.tokens for r in runs):,} tokens, {sum(r.total_flops for r in runs):.3e} FLOPs" + est + f"\n{corpora}"
 
 
 def calibration_table(study: Any, table: ThroughputTable) -> Table:
@@ -94,8 +118,10 @@ def status_table(name: str, uri: str, rows: list[dict[str, Any]], lease: str = "
     return t
 
 
-def plan_rows(runs: list[Any]) -> list[dict[str, Any]]:
-    """``qkstudy plan --json``: one mapping per run (ids, counts, budget)."""
+def plan_rows(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: dict[str, CorpusSize]) -> list[dict[str, Any]]:
+    """``qkstudy plan --json``: one mapping per run (ids, counts, budget, epochs, estimated
+    bytes per device, device-hours; None where unknown)."""
+    hours, _ = plan_hours(study, runs, throughput)
     return [
         {
             "run_id": r.run_id,
@@ -110,6 +136,10 @@ def plan_rows(runs: list[Any]) -> list[dict[str, Any]]:
             "steps": r.steps,
             "total_flops": r.total_flops,
             "data_hash": r.data_hash,
+            "epochs": epochs(r, sizes),
+            "epochs_source": sizes[r.corpus_name].source,
+            "memory_bytes_per_device": memory.estimate(r).total,
+            "device_hours": hours[r.run_id],
         }
         for r in runs
     ]

@@ -13,13 +13,19 @@ same runs with the same ids:
   editing one corpus file gives every run of that corpus a new ``run_id``.
 - ``throughput_table`` (``orchestrator.plan.throughput``): tokens/s per variant, for
   ``wallclock`` budgets.
+
+A plan the data or the devices cannot support is refused here (``fit_problems``): a run over
+``budget.max_epochs`` of its corpus (``orchestrator.plan.epochs``) or over
+``resources.device_memory_gb`` (``orchestrator.plan.memory``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from orchestrator.plan.contract import RunSpec
+from orchestrator.plan.contract import PlanError, RunSpec
+from orchestrator.plan.epochs import corpus_sizes, epoch_problems
+from orchestrator.plan.memory import memory_problems
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import Study
 from orchestrator.plan.throughput import throughput_table
@@ -32,6 +38,25 @@ class CorpusError(ValueError):
     def __init__(self, corpus_name: str, message: str):
         self.corpus_name = corpus_name
         super().__init__(f"corpus {corpus_name!r}: {message}")
+
+
+class FitError(PlanError):
+    """Planned runs the data or the devices cannot support; ``problems``: (spec field, message)
+    pairs, one per run over ``budget.max_epochs`` or ``resources.device_memory_gb``."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("\n".join(f"{loc}: {msg}" for loc, msg in problems))
+
+
+def fit_problems(study: Study, runs: list[RunSpec]) -> list[tuple[str, str]]:
+    """(spec field, message) for every run over ``budget.max_epochs`` of its corpus (sizes from
+    the runs' own content hashes, ``plan.epochs.corpus_sizes``) or over the declared device
+    memory (``plan.memory``); [] when the plan fits."""
+    sizes = corpus_sizes(study, {r.corpus_name: r.data_hash for r in runs})
+    return [("budget.max_epochs", m) for m in epoch_problems(study, runs, sizes)] + [
+        ("resources.device_memory_gb", m) for m in memory_problems(runs, study.resources.device_memory_gb)
+    ]
 
 
 def corpus_hashes(study: Study, strict: bool = True) -> dict[str, str | None]:
@@ -69,9 +94,14 @@ def plan_study(study: Study, strict: bool = True) -> list[RunSpec]:
     plans ``strict``, so its run ids always cover the data).
 
     Raises:
-        CorpusError: see ``corpus_hashes``; PlanError: see ``plan``.
+        CorpusError: see ``corpus_hashes``; PlanError: see ``plan``; FitError: a run over
+            ``budget.max_epochs`` or the declared device memory (``fit_problems``).
     """
-    return plan(study, throughput_table(study), corpus_hashes(study, strict))
+    runs = plan(study, throughput_table(study), corpus_hashes(study, strict))
+    problems = fit_problems(study, runs)
+    if problems:
+        raise FitError(problems)
+    return runs
 
 
 def plan_here(study: Study, warn: Callable[[str], None]) -> list[RunSpec]:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from data_pipeline import CorpusConfig, TokenizerConfig
 from orchestrator.plan import recipe
 from orchestrator.plan.branches import Protocol, protocol_problems
+from orchestrator.plan.devices import PEAK_FLOPS, peak_flops_of
 from orchestrator.plan.ladder import LadderRung, ScaleShape
 from orchestrator.plan.scales import LadderScale, ScaleEntry, dispatch_entries, resolve_scales
 from orchestrator.plan.specfile import (
@@ -41,6 +42,7 @@ __all__ = [
     "Study",
     "VariantSpec",
     "BudgetSpec",
+    "DeclaredMFU",
     "TrainSpec",
     "EvalSpec",
     "ResourcesSpec",
@@ -107,6 +109,31 @@ class VariantSpec(_Strict):
         return self
 
 
+class DeclaredMFU(_Strict):
+    """A declared model FLOPs utilization: the share ``mfu`` of each device's peak dense bf16
+    FLOP/s the runs are expected to use, the peak given as ``peak_tflops`` or by ``device``
+    name (``orchestrator.plan.devices.PEAK_FLOPS``: H100, H200, A100, L40S, A10G, L4)."""
+
+    mfu: float = Field(gt=0, le=1)
+    peak_tflops: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    device: str | None = None
+
+    @model_validator(mode="after")
+    def _one_peak(self) -> DeclaredMFU:
+        if (self.peak_tflops is None) == (self.device is None):
+            raise ValueError("budget.throughput: give exactly one of peak_tflops or device beside mfu")
+        if self.device is not None and peak_flops_of(self.device) is None:
+            raise ValueError(
+                f"budget.throughput.device: unknown device {self.device!r}; known: {', '.join(PEAK_FLOPS)} (or give peak_tflops)"
+            )
+        return self
+
+    @property
+    def peak_flops(self) -> float:
+        """Peak dense bf16 FLOP/s of one device."""
+        return self.peak_tflops * 1e12 if self.peak_tflops is not None else peak_flops_of(self.device or "") or 0.0
+
+
 class BudgetSpec(_Strict):
     """How long each run trains.
 
@@ -116,13 +143,24 @@ class BudgetSpec(_Strict):
     Size (exactly one): ``tokens`` (an int, or a mapping scale -> int) for the reference
     variant, or ``tokens_per_param`` (D = k * N, N non-embedding, of the reference variant).
     ``throughput``: declared tokens/s per variant name (used by ``wallclock`` and for the
-    device-hours estimate of ``qkstudy plan``); measured by calibration when absent.
+    device-hours estimate of ``qkstudy plan``; measured by calibration when absent), or a
+    declared MFU (``{mfu: 0.35, peak_tflops: 989}`` or ``{mfu: 0.35, device: H100}``,
+    ``DeclaredMFU``) from which ``qkstudy plan`` estimates device-hours without calibrating.
+    ``max_epochs``: the most passes over its corpus's unique train tokens a run may make
+    (``orchestrator.plan.epochs``); ``validate`` and ``run`` refuse a run over it.
     """
 
     mode: Literal["tokens", "flops", "wallclock"] = "flops"
     tokens: int | dict[str, int] | None = None
     tokens_per_param: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    throughput: dict[str, float] | None = None
+    throughput: DeclaredMFU | dict[str, float] | None = None
+    max_epochs: float = Field(default=4.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("throughput", mode="before")
+    @classmethod
+    def _mfu_form(cls, v: Any) -> Any:
+        # a mapping with `mfu` is a declared MFU; any other mapping is tokens/s per variant
+        return DeclaredMFU.model_validate(v) if isinstance(v, dict) and "mfu" in v else v
 
     @field_validator("tokens")
     @classmethod
@@ -136,7 +174,7 @@ class BudgetSpec(_Strict):
     def _one_size(self) -> BudgetSpec:
         if (self.tokens is None) == (self.tokens_per_param is None):
             raise ValueError("give exactly one of budget.tokens or budget.tokens_per_param")
-        for k, v in (self.throughput or {}).items():
+        for k, v in (self.throughput if isinstance(self.throughput, dict) else {}).items():
             if not v > 0:
                 raise ValueError(f"budget.throughput[{k}] must be positive tokens/s, got {v}")
         return self
@@ -195,6 +233,9 @@ class ResourcesSpec(_Strict):
     # packing amortises it. Packs are fixed by the plan, so a resubmitted study finds each
     # pack's checkpoints again.
     runs_per_trainer: int = Field(default=1, ge=1)
+    # Memory of one device (GiB); `validate`/`run` refuse a run whose estimate
+    # (orchestrator.plan.memory) exceeds it. None: not checked.
+    device_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class Study(_Strict):
@@ -350,6 +391,11 @@ class Study(_Strict):
             missing = [s for s in self.scales if s not in self.budget.tokens]
             if missing:
                 raise ValueError(f"budget.tokens has no entry for scales {missing}")
+        if self.budget.mode == "wallclock" and isinstance(self.budget.throughput, DeclaredMFU):
+            raise ValueError(
+                "budget.throughput: a declared MFU gives every variant the same FLOP/s, so equal wall-clock would be "
+                "equal FLOPs; use mode flops, or declare tokens/s per variant"
+            )
         if self.budget.mode == "wallclock" and self.budget.throughput is not None:
             missing = [n for n in names if n not in self.budget.throughput]
             if missing:

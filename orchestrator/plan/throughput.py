@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plan.contract import RunSpec
-from orchestrator.plan.spec import Study
+from orchestrator.plan.spec import DeclaredMFU, Study
 
 CALIBRATION_FILE = "calibration.json"
 
@@ -24,8 +24,9 @@ ThroughputTable = dict[str, dict[str, float]]
 
 
 def declared_throughput(study: Study) -> ThroughputTable | None:
-    """The spec's ``budget.throughput`` repeated for every scale, or None when not declared."""
-    if not study.budget.throughput:
+    """The spec's ``budget.throughput`` (tokens/s per variant) repeated for every scale, or
+    None when not declared or declared as an MFU."""
+    if not isinstance(study.budget.throughput, dict) or not study.budget.throughput:
         return None
     return {s: dict(study.budget.throughput) for s in study.scales}
 
@@ -61,6 +62,19 @@ def throughput_table(study: Study) -> ThroughputTable | None:
     """Tokens/s per scale and variant: the spec's declared figures, else the calibration
     file, else None. This is what callers pass to ``plan(study, throughput=...)``."""
     return declared_throughput(study) or load_calibration(study)
+
+
+def declared_mfu(study: Study) -> DeclaredMFU | None:
+    """The spec's ``budget.throughput`` when it declares an MFU, else None."""
+    return study.budget.throughput if isinstance(study.budget.throughput, DeclaredMFU) else None
+
+
+def device_hours_at_mfu(run: RunSpec, declared: DeclaredMFU) -> float:
+    """Device-hours of a run at a declared MFU: total model FLOPs / (mfu x peak FLOP/s of one
+    device) / 3600. The devices cancel: N devices each at mfu x peak take 1/N of the time.
+    Same FLOP convention as the worker's MFU (``orchestrator.run.worker.mfu``, after nanoGPT's
+    ``estimate_mfu`` and PaLM's appendix B)."""
+    return run.total_flops / (declared.mfu * declared.peak_flops) / 3600
 
 
 def device_hours(run: RunSpec, table: ThroughputTable) -> float | None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import torch
 
-# Peak dense bf16 FLOP/s per device, for MFU (vendor datasheets). A device name matches the
-# first key it contains.
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+from orchestrator.plan.devices import peak_flops_of
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
@@ -31,12 +29,6 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float
     peak in place of the A100's 312e12.
     """
     return flops_per_token * tokens_per_s / peak_flops
-
-
-def peak_flops_of(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s of a device by its CUDA name (``"NVIDIA H100 80GB HBM3"``), or
-    None when ``PEAK_FLOPS`` does not list it."""
-    return next((v for k, v in PEAK_FLOPS.items() if k in device_name), None)
 
 
 def device_peak_flops() -> float | None:

@@ -1,7 +1,8 @@
 """Resume loads DeepSpeed checkpoints weights-only: real engines (one gloo process, CPU), real
 checkpoints for ZeRO 0-3 round-trip exactly, and a crafted checkpoint file whose pickle runs
 code is refused before its payload runs (while DeepSpeed's default loader does run it: the
-negative control that shows the payload is live)."""
+negative control that shows the payload is live). The same engines hold the optimizer bytes the
+plan's memory estimate assumes (``orchestrator.plan.memory``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import deepspeed
 import pytest
 import torch
 
+from orchestrator.plan import memory
 from orchestrator.run.worker.checkpoint import UnsafeCheckpointError, load_engine_checkpoint
 from orchestrator.run.worker.optim import batch_geometry, deepspeed_config
 
@@ -169,3 +171,28 @@ def test_enum_members_pickled_by_name_load_and_other_getattrs_do_not(tmp_path):
         torch.save({"x": ByName(owner, name)}, bad)
         with pytest.raises(UnsafeCheckpointError, match="not a member lookup"):
             WeightsOnlyCheckpointEngine().load(str(bad))
+
+
+def _optimizer_bytes(eng) -> int:
+    """Bytes the engine's optimizer holds: AdamW's moments and, under ZeRO 1-2, DeepSpeed's
+    fp32 copy of the partition it steps (every distinct tensor counted once)."""
+    opt = eng.optimizer
+    tensors = {id(t): t for st in getattr(opt, "optimizer", opt).state.values() for k, t in st.items() if k != "step"}
+    for t in getattr(opt, "single_partition_of_fp32_groups", []):
+        tensors[id(t)] = t
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_optimizer_bytes_are_what_the_memory_estimate_assumes(process_group, stage):
+    eng = engine(stage, seed=0)
+    train(eng, 1)
+    n = sum(p.numel() for p in eng.module.parameters())
+    _, _, optim = memory.model_states(n, stage, world_size=1, bf16=False)
+    measured = _optimizer_bytes(eng)
+    # 8 bytes/param at stage 0, 12 under ZeRO 1-2, whose flat partition DeepSpeed pads to its
+    # alignment (161 parameters -> 162 here)
+    assert optim <= measured <= optim + 12 * 8
+    # negative control: stage 0's accounting misses DeepSpeed's fp32 copy under ZeRO 1-2
+    stage0 = memory.model_states(n, 0, 1, False)[2]
+    assert (stage0 <= measured <= stage0 + 12 * 8) == (stage == 0)

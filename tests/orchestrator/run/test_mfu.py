@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from orchestrator.run.worker.mfu import device_peak_flops, mfu, peak_flops_of
+from orchestrator.plan.devices import peak_flops_of
+from orchestrator.run.worker.mfu import device_peak_flops, mfu
 
 
 def test_mfu_on_known_numbers():
