@@ -73,7 +73,7 @@ def plan_table(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: 
         )
     known = [h for h in hours.values() if h is not None]
     est = (
-        f", {sum(known):,.1f} device-hours (from {source})"
+        f", {sum(known):,.1f} device-hours (throughput from {source})"
         if len(known) == len(runs)
         else " (device-hours: run `qkstudy calibrate SPEC` or declare budget.throughput)"
     )

@@ -177,7 +177,7 @@ def test_bad_corpus_exits_2_before_mlflow(case, corpus, expect, tmp_path):
         "tokenizer": {"vocab_size": 400},
         "scales": ["cpu-xs"],
         "variants": ["standard"],
-        "budget": {"tokens": 8 * 4096},
+        "budget": {"tokens": 8 * 4096, "max_epochs": 1e6},  # prepare's own check is the subject
         "train": {"global_batch": 8, "seq_len": 4096},
     }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))

@@ -31,7 +31,8 @@ def _study(tmp_path):
                 "scales": ["cpu-xs"],
                 "variants": ["standard", "coupled"],
                 "seeds": [0, 1],
-                "budget": {"mode": "tokens", "tokens": 100_000},
+                # planned, never trained: the epoch guard is not the subject
+                "budget": {"mode": "tokens", "tokens": 100_000, "max_epochs": 1e6},
                 "corpus": {"source": "text", "paths": [str(docs)]},
                 "workdir": str(tmp_path / "work"),
             }
