@@ -37,6 +37,7 @@ INPUT_ERRORS = (
     ("data_pipeline.errors", "DataError"),
     ("orchestrator.plan.inputs", "CorpusError"),
     ("orchestrator.run.driver.submit", "AddressError"),
+    ("orchestrator.run.driver.placement", "ClusterConfigError"),
     ("orchestrator.track.status", "StudyNotFound"),
     ("orchestrator.report.errors", "ReportError"),
     ("orchestrator.track.lease", "LeaseHeld"),

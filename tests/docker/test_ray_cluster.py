@@ -46,11 +46,14 @@ def test_no_secret_in_cluster_yaml(cluster: dict) -> None:
     assert not re.search(r"(?i)(password|secret|token|aws_access_key_id)\s*[:=]\s*\S", text)
     # Credentials reach the nodes only as the gitignored node env file, sourced at ray start.
     assert cluster["file_mounts"] == {"~/qkstudy.env": "docker/cluster.env"}
-    for cmd in cluster["head_start_ray_commands"][1:] + cluster["worker_start_ray_commands"][1:]:
-        assert cmd.startswith(
-            "set -a && . ~/qkstudy.env && set +a && export RAY_AUTH_MODE=token RAY_TRAIN_V2_ENABLED=1 && "
-            "python3 /usr/local/lib/qkstudy/check_env.py --role ray --exec ray start"
-        ), cmd
+    env = "set -a && . ~/qkstudy.env && set +a && export RAY_AUTH_MODE=token RAY_TRAIN_V2_ENABLED=1 && "
+    start = "python3 /usr/local/lib/qkstudy/check_env.py --role ray --exec ray start"
+    # The head's drivers also learn what the cluster can grow to: the launcher's copy of this file.
+    head = env + "export QKSTUDY_CLUSTER_CONFIG=$HOME/ray_bootstrap_config.yaml && " + start
+    for cmd in cluster["head_start_ray_commands"][1:]:
+        assert cmd.startswith(head), cmd
+    for cmd in cluster["worker_start_ray_commands"][1:]:
+        assert cmd.startswith(env + start), cmd
 
 
 def test_nodes_get_only_what_a_node_needs() -> None:

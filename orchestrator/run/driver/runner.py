@@ -35,7 +35,7 @@ from rich.console import Console
 from orchestrator.plan.contract import RunSpec
 from orchestrator.run.driver.leasing import study_lease
 from orchestrator.run.driver.packing import Pack, fit_pack, launch_order, make_packs, pack_items
-from orchestrator.run.driver.placement import alive_nodes, capacity, unschedulable_reason
+from orchestrator.run.driver.placement import ClusterGrowth, alive_nodes, capacity, cluster_growth, declared_growth, unschedulable_reason
 from orchestrator.run.driver.prepare_tasks import check_data_fits, find_unigrams, prepare_data, record_unigrams
 from orchestrator.run.driver.records import (
     existing_runs,
@@ -127,19 +127,22 @@ def run_runs(
         orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
         orchestrator.run.driver.prepare_tasks.CorpusError: a corpus cannot be prepared or cannot feed the runs (nothing is
             written to MLflow then).
+        orchestrator.run.driver.placement.ClusterConfigError: ``QKSTUDY_CLUSTER_CONFIG`` names
+            a file that is no cluster config (before the lease is taken, Ray starts or MLflow is read).
         ValueError: ``lease`` is not the study lease of ``storage_path``, or is not held (never
             acquired, or released).
     """
     console = console or Console(stderr=True)
+    declared = declared_growth()
     if lease is not None:
         if lease.name != STUDY_LEASE or lease.location != str(storage_path) or not lease.generation:
             raise ValueError(
                 f"run_runs(lease=...) needs the held study lease of {storage_path!r}, got lease "
                 f"{lease.name!r} of {lease.location!r} (generation {lease.generation})"
             )
-        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline)
+        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline, declared)
     with study_lease(study_name, storage_path, console, wait=wait):
-        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline)
+        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline, declared)
 
 
 def _run_leased(
@@ -152,8 +155,10 @@ def _run_leased(
     verbose: bool,
     max_in_flight: int | None,
     timeline: Timeline | None,
+    declared: ClusterGrowth | None,
 ) -> StudyResult:
-    """``run_runs`` once the study's lease is held (by this call or by its caller)."""
+    """``run_runs`` once the study's lease is held (by this call or by its caller); ``declared``
+    what ``QKSTUDY_CLUSTER_CONFIG`` says the cluster can grow to (``placement.declared_growth``)."""
     t0 = time.time()
     timeline = timeline.then("plan") if timeline else Timeline.since()
     result = StudyResult()
@@ -166,7 +171,9 @@ def _run_leased(
         return result
     init_ray(address, verbose)
     timeline.mark("ray")
-    nodes = alive_nodes()
+    growth = cluster_growth(declared)
+    if growth is not None:
+        console.print(f"cluster can grow to {len(growth.nodes)} node(s) ({growth.source}): runs pend while the autoscaler adds nodes")
     with console.status("preparing data (Ray tasks)"):
         datasets = prepare_data(runs)
     for name, d in datasets.items():
@@ -174,7 +181,7 @@ def _run_leased(
     check_data_fits(runs, datasets)  # before MLflow is touched: a bad corpus leaves no record
     timeline.mark("data")
 
-    todo = _register(runs, study_name, tracking_uri, datasets, nodes, result, console)
+    todo = _register(runs, study_name, tracking_uri, datasets, growth, result, console)
     record_unigrams(tracking_uri, study_name, {n: d.get("unigram") for n, d in datasets.items()}, console)
     skipped = sum(1 for s in result.status.values() if s == "skipped")
     if skipped:
@@ -182,7 +189,7 @@ def _run_leased(
     timeline.mark("mlflow")
     if todo:
         _launch_and_watch(
-            study_name, launch_order(runs), todo, datasets, tracking_uri, storage_path, result, console, nodes, max_in_flight, timeline
+            study_name, launch_order(runs), todo, datasets, tracking_uri, storage_path, result, console, growth, max_in_flight, timeline
         )
     result.wall_s = time.time() - t0
     return result
@@ -193,17 +200,18 @@ def _register(
     study_name: str,
     tracking_uri: str,
     datasets: dict[str, dict[str, Any]],
-    nodes: list[dict[str, float]],
+    growth: ClusterGrowth | None,
     result: StudyResult,
     console: Console,
 ) -> list[tuple[RunSpec, str]]:
     """Match each run to its MLflow record: skip the finished ones (same data), report the
-    unschedulable ones, queue the rest under their MLflow run (resumed, or created; a record
-    the plan replaced is marked superseded, ``run.driver.records``). Returns [(run, MLflow run id)]
-    to train."""
+    ones that can never fit (on the alive nodes, nor on what the cluster can grow to), queue
+    the rest under their MLflow run (resumed, or created; a record the plan replaced is marked
+    superseded, ``run.driver.records``). Returns [(run, MLflow run id)] to train."""
     client, exp_id, existing = existing_runs(tracking_uri, study_name, runs_kind(runs))
     supersede_replaced(client, existing, runs, datasets, console)
     todo: list[tuple[RunSpec, str]] = []
+    nodes = alive_nodes()
     for run in runs:
         data = datasets[run.corpus_name]
         prev = existing.get(run.run_id)
@@ -211,7 +219,7 @@ def _register(
         if finished_on(prev, data["content_hash"]):
             result.status[run.run_id] = "skipped"
             continue
-        reason = unschedulable_reason(run, nodes)
+        reason = unschedulable_reason(run, nodes, growth)
         if reason:
             result.status[run.run_id], result.reasons[run.run_id] = "unschedulable", reason
             console.print(f"[red]unschedulable[/] {run.run_name}: {reason}")
@@ -235,18 +243,20 @@ def _register(
 def dispatch(
     items: list[Any],
     launch: Callable[[Any], Any],
-    limit: int,
+    limit: int | Callable[[], int],
     on_done: Callable[[Any, Any], None],
     on_tick: Callable[[], None] | None = None,
     poll_s: float = 1.0,
 ) -> None:
     """Hand ``items`` to Ray through ``launch`` (returns an ObjectRef), keeping at most
-    ``limit`` in flight; Ray's scheduler decides where and when each one runs. Calls
-    ``on_done(item, result)`` as each finishes and ``on_tick()`` every ``poll_s`` seconds."""
+    ``limit`` in flight (a callable: asked again before each launch, as nodes join and leave);
+    Ray's scheduler decides where and when each one runs. Calls ``on_done(item, result)`` as
+    each finishes and ``on_tick()`` every ``poll_s`` seconds."""
     pending = list(items)
     in_flight: dict[Any, Any] = {}
+    limit_now = limit if callable(limit) else lambda: limit
     while pending or in_flight:
-        while pending and len(in_flight) < limit:
+        while pending and len(in_flight) < limit_now():
             item = pending.pop(0)
             in_flight[launch(item)] = item
         ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=poll_s)
@@ -270,7 +280,7 @@ def _launch_and_watch(
     storage: str,
     result: StudyResult,
     console: Console,
-    nodes: list[dict[str, float]],
+    growth: ClusterGrowth | None,
     max_in_flight: int | None,
     timeline: Timeline,
 ) -> None:
@@ -278,9 +288,17 @@ def _launch_and_watch(
     the study's board, and record each run's final state in ``result`` as its pack ends.
     Each pack's task continues ``timeline`` (its ``queued`` section ends when the task starts)."""
     board, bname = get_board(study_name), board_name(study_name)
-    # One pack per slot the cluster has (a study's runs share one resources block): each pack
-    # that ends frees a slot for the next-longest, so Ray's placement follows LPT order.
-    limit = max_in_flight or max(capacity(r, nodes) for r, _ in todo)
+    # One pack per slot the cluster has, or can grow to (a study's runs share one resources
+    # block): each pack that ends frees a slot for the next-longest, so Ray's placement follows
+    # LPT order. Recounted as nodes join and leave; with an autoscaler, the pending placement
+    # groups of the packs beyond the alive nodes are what makes it add nodes.
+
+    def limit() -> int:
+        if max_in_flight:
+            return max_in_flight
+        nodes = alive_nodes()
+        return max(capacity(r, nodes, growth) for r, _ in todo)
+
     mlflow_ids = {r.run_id: m for r, m in todo}
 
     with StudyProgress(study_name, launch_order([r for r, _ in todo]), console) as view:
