@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 
-from data_pipeline.build import _default_num_proc, _tokenize, prepare, split_documents
+from data_pipeline.build import _chunk_tasks, _default_num_proc, _tokenize, prepare, split_documents
 from data_pipeline.config import CorpusConfig, TokenizerConfig
 from data_pipeline.encode import encode_documents
 from data_pipeline.sources import load_documents
@@ -84,14 +84,16 @@ def _measure(corpus: CorpusConfig, tokenizer: TokenizerConfig, num_proc: int, re
             times["single"].append(_timed(lambda out=ids: out.extend(sp.encode(texts, num_threads=1)), cores["single"]))
             times["lines"].append(_timed(lambda: encode_documents(sp, texts, prep.eod_id, m["dtype"]), cores["lines"]))
             with tempfile.TemporaryDirectory() as shards:
-                times["stage"].append(
-                    _timed(
-                        lambda: _tokenize({"train": train, "val": val}, proto, prep.eod_id, m["dtype"], shards, num_proc, False, "bench"),
-                        cores["stage"],
-                    )
-                )
+                times["stage"].append(_timed(lambda: _stage(train, val, proto, prep.eod_id, m["dtype"], shards, num_proc), cores["stage"]))
             assert sum(len(x) for x in ids) + len(ids) == tokens  # + one EOD per document, as prepare counts
     return {"times": times, "cores": cores, "prepare_s": total_s, "noop_s": noop_s, "manifest": m, "tokens": tokens, "documents": docs}
+
+
+def _stage(train: list, val: list, proto: bytes, eod_id: int, dtype: str, shards: str, num_proc: int) -> dict:
+    """prepare's tokenize + write-shards stage over documents already in memory."""
+    names: list[tuple[str, str]] = []
+    docs = iter([(d, False) for d in train] + [(d, True) for d in val])
+    return _tokenize(_chunk_tasks(docs, eod_id, dtype, shards, names), names, proto, num_proc, False, "bench")
 
 
 def _contended_note(times: dict, cores: dict, num_proc: int) -> str:

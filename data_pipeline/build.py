@@ -2,11 +2,15 @@
 
 Identity: ``content_hash`` = sha256 over (format version, corpus config, tokenizer config, source
 fingerprint = sha256 of every input file). The output lives at ``<cache_root>/<content_hash>``;
-if its manifest exists, prepare returns at once (a no-op). Otherwise it reads the documents,
-splits them train/val by a hash of each document id, trains the tokenizer on a sample of the
-train split, tokenizes chunks of documents in a process pool (spawned, so it also runs inside a
-Ray task), writes everything to a temp directory and publishes it with one rename (or, for
-object-store URIs, an upload with the manifest last).
+if its manifest exists, prepare returns at once (a no-op). Otherwise it streams over the
+documents three times, never holding the corpus (a mixture excepted: its order permutes all of
+its components' documents): a survey splits them train/val by a hash of each document id and
+counts the lines the tokenizer may train on; the tokenizer trains on a bounded, fixed-seed
+sample of the train split's lines (``tokenizer.max_sentences``, drawn from the count, so it is
+the sample a list would give); chunks of documents are tokenized in a process pool (spawned,
+so it also runs inside a Ray task) with a bounded number in flight. Everything is written to a
+temp directory and published with one rename (or, for object-store URIs, an upload with the
+manifest last). The shards and content hash are those of the in-memory version it replaced.
 
 Layout of a prepared directory::
 
@@ -27,6 +31,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -37,7 +43,7 @@ import numpy as np
 from . import encode, mqar, sources, storage, unigram
 from .config import CorpusConfig, TokenizerConfig
 from .errors import DataError
-from .tokenizer import model_hash, train_tokenizer
+from .tokenizer import eligible_lines, model_hash, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -94,32 +100,87 @@ def _val_score(doc_id: str) -> float:
     return int.from_bytes(hashlib.sha1(doc_id.encode()).digest()[:8], "big") / 2.0**64
 
 
+def _val_flags(splits: list[str | None], scores: list[float], val_fraction: float, label: str) -> list[bool]:
+    """Per document, in order: True for val. Forced when any document names its split
+    (val_paths), else val when the hash score of its id < val_fraction; tiny corpora: the
+    lowest-scoring document goes to val so val is never empty.
+
+    Raises DataError naming ``label`` when a split would be empty."""
+    forced = any(splits)
+    is_val = [sp == "val" if forced else sc < val_fraction for sp, sc in zip(splits, scores)]
+    if not any(is_val) and len(is_val) > 1:
+        is_val[min(range(len(is_val)), key=scores.__getitem__)] = True
+    n_val = sum(is_val)
+    if not n_val or n_val == len(is_val):
+        raise DataError(f"{label}: needs at least one train and one val document (got {len(is_val) - n_val} train, {n_val} val)")
+    return is_val
+
+
 def split_documents(docs: list[sources.Document], val_fraction: float, label: str):
-    """(train, val) lists, order preserved. A document goes to val when forced (val_paths) or, when
-    no split is forced, when the hash of its id < val_fraction. Tiny corpora: the lowest-scoring
-    document is moved to val so val is never empty."""
-    forced = any(d.split for d in docs)
-    is_val = [d.split == "val" if forced else _val_score(d.id) < val_fraction for d in docs]
-    if not any(is_val) and len(docs) > 1:
-        is_val[min(range(len(docs)), key=lambda i: _val_score(docs[i].id))] = True
-    train = [d for d, v in zip(docs, is_val) if not v]
-    val = [d for d, v in zip(docs, is_val) if v]
-    if not train or not val:
-        raise DataError(f"{label}: needs at least one train and one val document (got {len(train)} train, {len(val)} val)")
-    return train, val
+    """(train, val) lists of ``docs``, order preserved, split as ``_val_flags`` says."""
+    is_val = _val_flags([d.split for d in docs], [_val_score(d.id) for d in docs], val_fraction, label)
+    return [d for d, v in zip(docs, is_val) if not v], [d for d, v in zip(docs, is_val) if v]
 
 
-def _chunks(docs: list[sources.Document]) -> list[list[str]]:
-    out, cur, size = [], [], 0
-    for d in docs:
-        cur.append(d.text)
-        size += len(d.text)
-        if size >= CHUNK_CHARS:
-            out.append(cur)
-            cur, size = [], 0
-    if cur:
-        out.append(cur)
-    return out
+@dataclass(frozen=True)
+class _Survey:
+    """The first pass over a streamed corpus: per document (in order) whether it is val and how
+    many lines the tokenizer may train on, and the text's size; small whatever the corpus."""
+
+    is_val: list[bool]
+    lines: np.ndarray  # int64 [documents]: eligible tokenizer lines
+    text_bytes: int
+
+
+def _survey(corpus: CorpusConfig, tokenizer: TokenizerConfig, stats: sources.DecodeStats, label: str) -> _Survey:
+    splits: list[str | None] = []
+    scores: list[float] = []
+    lines: list[int] = []
+    nbytes = 0
+    for d in sources.iter_documents(corpus, stats):
+        splits.append(d.split)
+        scores.append(_val_score(d.id))
+        lines.append(len(eligible_lines(d.text, tokenizer)))
+        nbytes += len(d.text.encode("utf-8"))
+    return _Survey(_val_flags(splits, scores, corpus.val_fraction, label), np.asarray(lines, dtype=np.int64), nbytes)
+
+
+def _documents(corpus: CorpusConfig, survey: _Survey, label: str) -> Iterator[tuple[sources.Document, bool]]:
+    """(document, is val) of a later pass over the corpus. Raises DataError when the inputs
+    changed since the survey (another document count)."""
+    n = 0
+    for n, d in enumerate(sources.iter_documents(corpus), 1):
+        if n > len(survey.is_val):
+            break
+        yield d, survey.is_val[n - 1]
+    if n != len(survey.is_val):
+        raise DataError(f"{label}: the inputs changed while being prepared ({len(survey.is_val)} documents, then {n})")
+
+
+def _chunk_tasks(docs: Iterator[tuple[sources.Document, bool]], eod_id: int, dtype: str, tmp: str, names: list[tuple[str, str]]):
+    """Tokenization tasks (shard path, texts, eod id, dtype): each split's documents cut, in
+    order, into chunks of at least ``CHUNK_CHARS`` characters (the last one shorter), shard
+    ``<split>-<i>.arrow`` the i-th chunk of its split. Appends (split, shard name) to ``names``
+    as each task is made; holds one open chunk per split."""
+    cur: dict[str, list[str]] = {"train": [], "val": []}
+    size, count = dict.fromkeys(cur, 0), dict.fromkeys(cur, 0)
+
+    def emit(split: str):
+        name = f"{split}-{count[split]:05d}.arrow"
+        count[split] += 1
+        names.append((split, name))
+        texts, cur[split], size[split] = cur[split], [], 0
+        return (os.path.join(tmp, name), texts, eod_id, dtype)
+
+    for d, is_val in docs:
+        split = "val" if is_val else "train"
+        cur[split].append(d.text)
+        size[split] += len(d.text)
+        if size[split] >= CHUNK_CHARS:
+            yield emit(split)
+    for split in cur:
+        if cur[split]:
+            yield emit(split)
 
 
 @contextmanager
@@ -138,21 +199,15 @@ def _spawn_without_main():
         main.__dict__.update(saved)
 
 
-def _tokenize(splits: dict, proto: bytes, eod_id: int, dtype: str, tmp: str, num_proc: int, progress: bool, label: str) -> dict:
-    """Tokenize every split into shards under `tmp`; returns the manifest's `splits` entry."""
+def _tokenize(tasks: Iterator[tuple], names: list[tuple[str, str]], proto: bytes, num_proc: int, progress: bool, label: str) -> dict:
+    """Tokenize ``tasks`` (``_chunk_tasks``) into their shards; returns the manifest's `splits`
+    entry. At most 2 x ``num_proc`` chunks are in memory at once (read, queued or encoding)."""
     from tqdm.auto import tqdm
 
-    tasks, names = [], []
-    for split, docs in splits.items():
-        for i, texts in enumerate(_chunks(docs)):
-            name = f"{split}-{i:05d}.arrow"
-            tasks.append((os.path.join(tmp, name), texts, eod_id, dtype))
-            names.append((split, name))
-    num_proc = max(1, min(num_proc, len(tasks)))
-    bar = tqdm(total=len(tasks), desc=f"tokenize {label}", unit="shard", disable=not progress)
+    bar = tqdm(desc=f"tokenize {label}", unit="shard", disable=not progress)
+    results: list[tuple[int, int]] = []
     if num_proc == 1:
         encode.init_worker(proto)
-        results = []
         for t in tasks:
             results.append(encode.encode_chunk(t))
             bar.update()
@@ -161,12 +216,17 @@ def _tokenize(splits: dict, proto: bytes, eod_id: int, dtype: str, tmp: str, num
         with _spawn_without_main():
             pool = mp.get_context("spawn").Pool(num_proc, encode.init_worker, (proto,))
         with pool:
-            results = []
-            for r in pool.imap(encode.encode_chunk, tasks):
-                results.append(r)
+            pending: deque = deque()
+            for t in tasks:
+                pending.append(pool.apply_async(encode.encode_chunk, (t,)))
+                while len(pending) >= 2 * num_proc or (pending and pending[0].ready()):
+                    results.append(pending.popleft().get())
+                    bar.update()
+            while pending:
+                results.append(pending.popleft().get())
                 bar.update()
     bar.close()
-    out: dict[str, dict[str, Any]] = {s: {"documents": 0, "tokens": 0, "shards": []} for s in splits}
+    out: dict[str, dict[str, Any]] = {s: {"documents": 0, "tokens": 0, "shards": []} for s in ("train", "val")}
     for (split, name), (n_docs, n_tok) in zip(names, results):
         out[split]["documents"] += n_docs
         out[split]["tokens"] += n_tok
@@ -175,11 +235,13 @@ def _tokenize(splits: dict, proto: bytes, eod_id: int, dtype: str, tmp: str, num
 
 
 def _prepare_text(corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, num_proc: int, progress: bool) -> dict:
+    """Three streamed passes over the documents, none holding the corpus: a survey (split and
+    tokenizer-line count per document), the tokenizer's sample, the tokenization."""
     label = corpus.label()
     timings = {}
     t0 = time.perf_counter()
     stats = sources.DecodeStats()
-    docs = sources.load_documents(corpus, stats)
+    survey = _survey(corpus, tokenizer, stats, label)
     if stats.documents:
         log.warning(
             "%s: %d documents had undecodable bytes (%d chars replaced by U+FFFD), e.g. %s",
@@ -188,17 +250,20 @@ def _prepare_text(corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, nu
             stats.replaced_chars,
             stats.where[:3],
         )
-    train, val = split_documents(docs, corpus.val_fraction, label)
     timings["read_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    proto = train_tokenizer([d.text for d in train], tokenizer, label, num_threads=num_proc)
+    train_lines = int(survey.lines[~np.asarray(survey.is_val)].sum())
+    train_texts = (d.text for d, is_val in _documents(corpus, survey, label) if not is_val)
+    proto = train_tokenizer(train_texts, tokenizer, label, num_threads=num_proc, total_lines=train_lines)
     timings["tokenizer_train_s"] = time.perf_counter() - t0
     with open(os.path.join(tmp, "tokenizer.model"), "wb") as f:
         f.write(proto)
     eod_id = 2  # SentencePiece </s>
     dtype = "uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32"
     t0 = time.perf_counter()
-    splits = _tokenize({"train": train, "val": val}, proto, eod_id, dtype, tmp, num_proc, progress, label)
+    names: list[tuple[str, str]] = []
+    tasks = _chunk_tasks(_documents(corpus, survey, label), eod_id, dtype, tmp, names)
+    splits = _tokenize(tasks, names, proto, num_proc, progress, label)
     timings["tokenize_s"] = time.perf_counter() - t0
     return {
         "layout": "stream",
@@ -207,7 +272,7 @@ def _prepare_text(corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, nu
         "dtype": dtype,
         "tokenizer": {"file": "tokenizer.model", "sha256": model_hash(proto), "config": tokenizer.model_dump(mode="json")},
         "splits": splits,
-        "text_bytes": sum(len(d.text.encode()) for d in docs),
+        "text_bytes": survey.text_bytes,
         "decode_errors": {"documents": stats.documents, "replaced_chars": stats.replaced_chars},
         "timings": timings,
     }

@@ -289,11 +289,14 @@ def _mixture_documents(corpus: CorpusConfig, stats: DecodeStats) -> list[Documen
     return [picked[j] for j in rng.permutation(len(picked))]
 
 
-def load_documents(corpus: CorpusConfig, stats: DecodeStats | None = None) -> list[Document]:
-    """All non-empty documents of a text corpus, in deterministic order, caps applied.
+def iter_documents(corpus: CorpusConfig, stats: DecodeStats | None = None) -> Iterator[Document]:
+    """The non-empty documents of a text corpus, in deterministic order, caps applied, one at a
+    time: file sources are read file by file and never held whole (prepare streams over them,
+    ``data_pipeline.build``). A mixture holds its components' documents (its order is a
+    permutation of all of them).
 
     Raises DataError (naming the source) for missing files, missing columns, malformed JSONL,
-    an unreachable `hf` dataset, or no documents at all.
+    an unreachable `hf` dataset, or no documents at all (once the inputs are exhausted).
     """
     stats = stats if stats is not None else DecodeStats()
     if corpus.source == "mqar":
@@ -304,18 +307,22 @@ def load_documents(corpus: CorpusConfig, stats: DecodeStats | None = None) -> li
         docs = _hf_documents(corpus)
     else:
         docs = _file_documents(corpus, stats)
-    out: list[Document] = []
-    nbytes = 0
+    count, nbytes = 0, 0
     for d in docs:
         if not d.text.strip():
             continue
-        if corpus.max_documents is not None and len(out) >= corpus.max_documents:
+        if corpus.max_documents is not None and count >= corpus.max_documents:
             break
         size = len(d.text.encode("utf-8"))
-        if corpus.max_bytes is not None and out and nbytes + size > corpus.max_bytes:
+        if corpus.max_bytes is not None and count and nbytes + size > corpus.max_bytes:
             break
-        out.append(d)
+        yield d
+        count += 1
         nbytes += size
-    if not out:
+    if not count:
         raise DataError(f"{corpus.label()}: no documents (all inputs are empty)")
-    return out
+
+
+def load_documents(corpus: CorpusConfig, stats: DecodeStats | None = None) -> list[Document]:
+    """``iter_documents`` as a list (the whole corpus in memory: for small corpora and tests)."""
+    return list(iter_documents(corpus, stats))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import sentencepiece as spm
@@ -21,23 +21,50 @@ from .errors import DataError
 EOD_PIECE = "</s>"
 
 
-def sample_sentences(texts: Sequence[str], cfg: TokenizerConfig) -> list[str]:
-    """Non-empty lines of `texts` (at most `max_sentence_length` bytes), sampled down to
-    `max_sentences` with a fixed-seed draw so the tokenizer is reproducible."""
-    lines = [ln for t in texts for ln in t.split("\n") if ln.strip() and len(ln.encode("utf-8")) <= cfg.max_sentence_length]
-    if len(lines) > cfg.max_sentences:
-        keep = np.sort(np.random.default_rng(0).choice(len(lines), cfg.max_sentences, replace=False))
-        lines = [lines[i] for i in keep]
-    return lines
+def eligible_lines(text: str, cfg: TokenizerConfig) -> list[str]:
+    """The lines of ``text`` the tokenizer may train on: non-empty, at most ``max_sentence_length`` bytes."""
+    return [ln for ln in text.split("\n") if ln.strip() and len(ln.encode("utf-8")) <= cfg.max_sentence_length]
 
 
-def train_tokenizer(texts: Sequence[str], cfg: TokenizerConfig, label: str, num_threads: int = 1) -> bytes:
-    """Train a SentencePiece model on `texts`; returns the serialized model proto.
+def sample_indices(total: int, cfg: TokenizerConfig) -> np.ndarray | None:
+    """Which of ``total`` eligible lines (numbered in corpus order) the sample keeps: sorted
+    indices of a fixed-seed draw of ``max_sentences``, or None when all are kept. Depends on
+    the count only, so a streaming pass that knows the count draws what a list would."""
+    if total <= cfg.max_sentences:
+        return None
+    return np.sort(np.random.default_rng(0).choice(total, cfg.max_sentences, replace=False))
+
+
+def sample_sentences(texts: Iterable[str], cfg: TokenizerConfig, total: int | None = None) -> list[str]:
+    """The eligible lines of ``texts`` (``eligible_lines``), sampled down to ``max_sentences``
+    with a fixed-seed draw so the tokenizer is reproducible. ``total``: the number of eligible
+    lines in ``texts`` when known (a streamed corpus, counted in an earlier pass): then
+    ``texts`` is read once and only the kept lines are held; else ``texts`` is a sequence."""
+    if total is None:
+        texts = list(texts)
+        total = sum(len(eligible_lines(t, cfg)) for t in texts)
+    keep = sample_indices(total, cfg)
+    out: list[str] = []
+    k, next_i = 0, 0
+    for t in texts:
+        for ln in eligible_lines(t, cfg):
+            if keep is None:
+                out.append(ln)
+            elif next_i < len(keep) and keep[next_i] == k:
+                out.append(ln)
+                next_i += 1
+            k += 1
+    return out
+
+
+def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, label: str, num_threads: int = 1, total_lines: int | None = None) -> bytes:
+    """Train a SentencePiece model on a sample of `texts` (``sample_sentences``; ``total_lines``
+    as its ``total``); returns the serialized model proto.
 
     Raises DataError naming `label` (the source) when there is nothing to train on or the vocab
     is larger than the sample supports.
     """
-    sentences = sample_sentences(texts, cfg)
+    sentences = sample_sentences(texts, cfg, total_lines)
     if not sentences:
         raise DataError(f"{label}: no text lines to train the tokenizer on")
     model = io.BytesIO()

@@ -3,7 +3,7 @@
 Why: a language model's validation perplexity means little without the level it must get
 below; a model that only learnt token frequencies reaches the unigram perplexity, so a
 study's finals are read against it (``qkstudy.unigram_ppl.<corpus>`` in MLflow, the report's
-"Unigram baseline"). It is cheap (one bincount per split), so ``prepare`` stores it in the
+"Unigram baseline"). It is cheap (one bincount per shard), so ``prepare`` stores it in the
 manifest (key ``unigram``) and a directory prepared before that key existed is counted on
 demand (``unigram_of``), never rewritten: a published directory is immutable.
 
@@ -50,32 +50,52 @@ def unigram_perplexity(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_s
     """
     if vocab_size < 1:
         raise DataError(f"unigram perplexity: vocab_size must be >= 1, got {vocab_size}")
-    train, val = np.asarray(train_tokens).reshape(-1), np.asarray(val_tokens).reshape(-1)
-    for name, a in (("train", train), ("val", val)):
-        if a.size and not np.issubdtype(a.dtype, np.integer):
-            raise DataError(f"unigram perplexity: {name} tokens must be integer ids, got dtype {a.dtype}")
-        if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab_size):
-            raise DataError(
-                f"unigram perplexity: {name} token ids span [{int(a.min())}, {int(a.max())}], outside the vocabulary [0, {vocab_size})"
-            )
-    if not val.size:
+    return perplexity_from_counts(token_counts(train_tokens, vocab_size, "train"), token_counts(val_tokens, vocab_size, "val"))
+
+
+def token_counts(tokens: np.ndarray, vocab_size: int, name: str) -> np.ndarray:
+    """int64 [vocab_size]: how often each id occurs in ``tokens`` (any shape, integer ids).
+
+    Raises DataError: a non-integer array, or an id outside [0, vocab_size) (``name`` says
+    which split)."""
+    a = np.asarray(tokens).reshape(-1)
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise DataError(f"unigram perplexity: {name} tokens must be integer ids, got dtype {a.dtype}")
+    if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab_size):
+        raise DataError(
+            f"unigram perplexity: {name} token ids span [{int(a.min())}, {int(a.max())}], outside the vocabulary [0, {vocab_size})"
+        )
+    return np.bincount(a, minlength=vocab_size).astype(np.int64)
+
+
+def perplexity_from_counts(train_counts: np.ndarray, val_counts: np.ndarray) -> float:
+    """``unigram_perplexity`` from per-id counts (int [V] each, ``token_counts``), so a corpus
+    is counted shard by shard and never held as one array.
+
+    Raises DataError: no val token."""
+    n_val = int(val_counts.sum())
+    if not n_val:
         raise DataError("unigram perplexity: the val split has no token to score")
-    log_p = np.log(np.bincount(train, minlength=vocab_size) + 1.0) - np.log(train.size + vocab_size)
-    # sum over val tokens of ln p(t) = sum over ids of (val count of id) * ln p(id): one bincount
-    val_counts = np.bincount(val, minlength=vocab_size).astype(np.float64)
-    return float(np.exp(-(val_counts @ log_p) / val.size))
+    v = len(train_counts)
+    log_p = np.log(train_counts + 1.0) - np.log(int(train_counts.sum()) + v)
+    # sum over val tokens of ln p(t) = sum over ids of (val count of id) * ln p(id)
+    return float(np.exp(-(val_counts.astype(np.float64) @ log_p) / n_val))
 
 
-def scored_tokens(location: str, manifest: dict, split: str) -> np.ndarray:
-    """The scored token ids of one split of a prepared directory (module docstring), as one
-    1-D integer array (memory-mapped for local text shards)."""
-    shards = manifest["splits"][split]["shards"]
-    tables = [storage.read_shard(location, s["file"]) for s in shards]
-    ids = [storage.flat_column(t, "ids") for t in tables]
-    if manifest.get("layout") == "examples":
-        labels = np.concatenate([storage.flat_column(t, "labels") for t in tables])
-        return labels[labels != IGNORE_INDEX]
-    return ids[0] if len(ids) == 1 else np.concatenate(ids)
+def split_counts(location: str, manifest: dict, split: str) -> np.ndarray:
+    """``token_counts`` of the scored tokens (module docstring) of one split of a prepared
+    directory, summed shard by shard (each memory-mapped when local)."""
+    v = int(manifest["vocab_size"])
+    total = np.zeros(v, dtype=np.int64)
+    for s in manifest["splits"][split]["shards"]:
+        t = storage.read_shard(location, s["file"])
+        if manifest.get("layout") == "examples":
+            labels = storage.flat_column(t, "labels")
+            scored = labels[labels != IGNORE_INDEX]
+        else:
+            scored = storage.flat_column(t, "ids")
+        total += token_counts(scored, v, split)
+    return total
 
 
 def prepared_unigram(location: str, manifest: dict) -> dict[str, Any]:
@@ -84,13 +104,13 @@ def prepared_unigram(location: str, manifest: dict) -> dict[str, Any]:
     ``train_tokens`` (scored tokens counted), ``vocab_size``, ``smoothing`` ("add-one").
 
     Raises DataError when the split has no scored token or an id lies beyond the vocabulary."""
-    train, val = scored_tokens(location, manifest, "train"), scored_tokens(location, manifest, "val")
     v = int(manifest["vocab_size"])
     try:
-        ppl = unigram_perplexity(train, val, v)
+        train, val = split_counts(location, manifest, "train"), split_counts(location, manifest, "val")
+        ppl = perplexity_from_counts(train, val)
     except DataError as e:
         raise DataError(f"prepared data at {location}: {e}") from None
-    return {"val_ppl": ppl, "val_tokens": int(val.size), "train_tokens": int(train.size), "vocab_size": v, "smoothing": SMOOTHING}
+    return {"val_ppl": ppl, "val_tokens": int(val.sum()), "train_tokens": int(train.sum()), "vocab_size": v, "smoothing": SMOOTHING}
 
 
 def unigram_of(location: str, manifest: dict) -> dict[str, Any]:

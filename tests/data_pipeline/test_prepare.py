@@ -1,13 +1,16 @@
+import hashlib
 import json
 import os
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from data_pipeline import CorpusConfig, PreparedData, TokenizerConfig, prepare
 from data_pipeline.build import split_documents
+from data_pipeline.errors import DataError
 from data_pipeline.sources import load_documents
-from data_pipeline.tokenizer import load_tokenizer
+from data_pipeline.tokenizer import eligible_lines, load_tokenizer, sample_sentences
 
 
 def _shard_rows(prep: PreparedData, split: str) -> list[np.ndarray]:
@@ -110,3 +113,101 @@ def test_parallel_prepare_from_an_unguarded_script(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
     assert lines.count("MAIN") == 1 and int(lines[-1]) > 1
+
+
+def _write_words_corpus(root) -> None:
+    """80 text files of seeded random words: real-looking lines, the same on every machine."""
+    rng = np.random.default_rng(7)
+    words = ["".join(chr(97 + c) for c in rng.integers(0, 26, rng.integers(2, 9))) for _ in range(400)]
+    for i in range(80):
+        lines = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(rng.integers(20, 200))]
+        (root / f"doc{i:03d}.txt").write_text("\n".join(lines) + "\n")
+
+
+def _digest(path: str) -> str:
+    """sha256 of a prepared directory: its manifest (less times, paths and hashes that name the
+    machine's temp folder) and every file's name and bytes."""
+    h = hashlib.sha256()
+    m = json.load(open(os.path.join(path, "manifest.json")))
+    kept = {k: v for k, v in m.items() if k not in ("created_utc", "timings", "content_hash", "source_hashes", "corpus")}
+    h.update(json.dumps(kept, sort_keys=True).encode())
+    for f in sorted(os.listdir(path)):
+        if f != "manifest.json":
+            h.update(f.encode())
+            h.update(open(os.path.join(path, f), "rb").read())
+    return h.hexdigest()
+
+
+# Digests of what the in-memory prepare (commit 80eec05, before prepare streamed) wrote for these
+# three corpora: a tokenizer sample drawn below the line count, several shards per split from a
+# process pool, and the tiny-corpus fallback that moves one document to val.
+IN_MEMORY_DIGESTS = {
+    "sampled": "02beb4d675ba0f55d8f2d1d6caa9456031bf7142e130ce296b5fcc281d3af4a2",
+    "shards": "1ec1dcee5328da06c87418b99b3669adf93520a611eefbd74a2ef4eaaf8941c3",
+    "fallback": "d021c95f15e4a1e2dc5cfe4d26b6f97b68acad3eae9db838b85452b6e257dc1a",
+}
+
+
+@pytest.mark.parametrize(
+    "case, chunk_chars, corpus_kw, tokenizer_kw, num_proc",
+    [
+        ("sampled", 1 << 20, {}, {"vocab_size": 300, "max_sentences": 500}, 1),
+        ("shards", 20_000, {}, {"vocab_size": 300}, 2),
+        ("fallback", 1 << 20, {"val_fraction": 0.001}, {"vocab_size": 300}, 1),
+    ],
+)
+def test_streamed_prepare_writes_what_the_in_memory_one_did(tmp_path, monkeypatch, case, chunk_chars, corpus_kw, tokenizer_kw, num_proc):
+    """Streaming changed how prepare reads, not what it writes: the prepared corpora of published
+    studies keep their content (and so their runs' identities)."""
+    import data_pipeline.build as build
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    _write_words_corpus(root)
+    monkeypatch.setattr(build, "CHUNK_CHARS", chunk_chars)
+    corpus = CorpusConfig(source="text", paths=[str(root)], **corpus_kw)
+    prep = prepare(corpus, TokenizerConfig(**tokenizer_kw), tmp_path / "cache", num_proc=num_proc, progress=False)
+    if case == "shards":
+        assert len(prep.manifest["splits"]["train"]["shards"]) > 5
+    assert _digest(prep.path) == IN_MEMORY_DIGESTS[case]
+
+
+def test_a_different_draw_is_detected_by_the_digest(tmp_path):
+    """Negative control: the digest sees a one-line change of the tokenizer's sample."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    _write_words_corpus(root)
+    corpus = CorpusConfig(source="text", paths=[str(root)])
+    prep = prepare(corpus, TokenizerConfig(vocab_size=300, max_sentences=499), tmp_path / "cache", num_proc=1, progress=False)
+    assert _digest(prep.path) != IN_MEMORY_DIGESTS["sampled"]
+
+
+def test_the_streamed_sample_is_the_listed_one():
+    texts = ["a\nbb\n\n   \nccc", "dd\n" * 50, "x" * 5000 + "\ne"]
+    cfg = TokenizerConfig(vocab_size=300, max_sentences=7, max_sentence_length=4096)
+    listed = sample_sentences(texts, cfg)
+    total = sum(len(eligible_lines(t, cfg)) for t in texts)
+    assert len(listed) == 7 and sample_sentences(iter(texts), cfg, total) == listed
+    assert sample_sentences(texts, TokenizerConfig(vocab_size=300, max_sentences=1000)) == ["a", "bb", "ccc"] + ["dd"] * 50 + ["e"]
+
+
+def test_inputs_that_change_between_passes_are_refused(tmp_path, monkeypatch):
+    import data_pipeline.build as build
+    import data_pipeline.sources as sources
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    _write_words_corpus(root)
+    corpus = CorpusConfig(source="text", paths=[str(root)])
+    real, calls = sources.iter_documents, []
+
+    def growing(c, stats=None):  # a second pass that finds one more document (a file was added)
+        calls.append(1)
+        yield from real(c, stats)
+        if len(calls) > 1:
+            yield sources.Document("late", "late text\n", None)
+
+    monkeypatch.setattr(build.sources, "iter_documents", growing)
+    with pytest.raises(DataError, match="changed while being prepared"):
+        prepare(corpus, TokenizerConfig(vocab_size=300), tmp_path / "cache", num_proc=1, progress=False)
+    assert not any((tmp_path / "cache").glob("*/manifest.json"))

@@ -32,8 +32,9 @@ def _monitor_log(c) -> str:
     return "\n".join(f.read_text(errors="replace") for f in Path(c.nodes["head"][1]).glob("session_*/logs/monitor.log"))
 
 
-def test_a_study_trains_on_nodes_the_autoscaler_adds_and_they_go_when_idle(autoscaling, tmp_path):
+def test_a_study_trains_on_nodes_the_autoscaler_adds_and_they_go_when_idle(autoscaling, tmp_path, record_property):
     c, env = autoscaling
+    t0 = time.time()
     assert len(c.alive_nodes()) == 1, "the cluster should start with its head only"
     spec = write_spec(
         tmp_path, "grow", variants=["standard", "coupled"], budget={"mode": "tokens", "tokens": N_STEPS * 512}, resources={"workers": 1}
@@ -53,7 +54,13 @@ def test_a_study_trains_on_nodes_the_autoscaler_adds_and_they_go_when_idle(autos
     while len(c.alive_nodes()) > 1:
         assert time.time() < deadline, f"idle nodes not removed: {_monitor_log(c)[-3000:]}"
         time.sleep(5)
-    assert "Removing 1 nodes of type cpu-worker (idle)" in _monitor_log(c)
+    log = _monitor_log(c)
+    removed = [line for line in log.splitlines() if "Removing" in line and "of type cpu-worker (idle)" in line]
+    assert removed, log[-3000:]
+    # what it measured, in the tier's JUnit XML (build/test/stack.xml)
+    record_property("study_and_scale_down_s", round(time.time() - t0, 1))
+    record_property("nodes_added", " | ".join(line.split(" -- ")[-1] for line in added))
+    record_property("nodes_removed", " | ".join(line.split(" -- ")[-1] for line in removed))
 
 
 def test_a_run_bigger_than_the_largest_node_type_is_refused_with_the_reason(autoscaling, tmp_path):
