@@ -154,19 +154,31 @@ def test_a_bad_cluster_config_is_an_input_error_naming_the_file(tmp_path, text, 
     assert str(f) in str(e.value)
 
 
+def _token_only(c: dict) -> bool:
+    """The container takes the Ray token, and only it, from the Secret `qkstudy-node`."""
+    ref = {"secretKeyRef": {"name": "qkstudy-node", "key": "RAY_AUTH_TOKEN"}}
+    return "envFrom" not in c and [e for e in c["env"] if "valueFrom" in e] == [{"name": "RAY_AUTH_TOKEN", "valueFrom": ref}]
+
+
 def test_secrets_come_only_from_the_node_secret(cluster, job):
-    """No literal credential in any manifest; every Ray container and the autoscaler take the
-    four node keys (docker/cluster.env.example) from the Secret `qkstudy-node`, nothing else."""
+    """No literal credential in any manifest. The Ray pods take the four node keys
+    (docker/cluster.env.example) from the Secret `qkstudy-node`; the autoscaler sidecar and the
+    RayJob's submitter, which never log to MLflow, take the Ray token only."""
     for f in KUBE.glob("*.yaml"):
         assert not re.search(r"(?i)(password|secret|token)\w*\s*[:=]\s*['\"]?[A-Za-z0-9+/_-]{12,}", f.read_text()), f
     example = (REPO / "docker" / "cluster.env.example").read_text()
     assert {line.partition("=")[0] for line in example.splitlines() if line.strip() and not line.startswith("#")} == NODE_ENV_KEYS
-    containers = [c for t in _pod_templates(cluster, job).values() for c in t["spec"]["containers"]]
-    containers.append(cluster["spec"]["autoscalerOptions"])
-    for c in containers:
+    templates = _pod_templates(cluster, job)
+    for name in ("head", "gpu"):
+        (c,) = templates[name]["spec"]["containers"]
         assert c["envFrom"] == [{"secretRef": {"name": "qkstudy-node"}}]
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["RAY_AUTH_MODE"] == "token" and not NODE_ENV_KEYS & set(env)
+    for c in (cluster["spec"]["autoscalerOptions"], templates["submitter"]["spec"]["containers"][0]):
+        assert _token_only(c) and {e["name"]: e.get("value") for e in c["env"]}["RAY_AUTH_MODE"] == "token"
+    leaky = copy.deepcopy(templates["submitter"]["spec"]["containers"][0])
+    leaky["envFrom"] = [{"secretRef": {"name": "qkstudy-node"}}]
+    assert not _token_only(leaky)  # negative control: the whole Secret is not "the token only"
 
 
 def test_same_image_shared_volume_and_non_root_as_the_other_stacks(cluster, job):
