@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import chain, islice
 from typing import Any
 
 import numpy as np
@@ -204,6 +205,10 @@ def _tokenize(tasks: Iterator[tuple], names: list[tuple[str, str]], proto: bytes
     entry. At most 2 x ``num_proc`` chunks are in memory at once (read, queued or encoding)."""
     from tqdm.auto import tqdm
 
+    # No more processes than chunks: a corpus of one chunk (every small study) starts no pool.
+    head = list(islice(tasks, num_proc))
+    num_proc = max(1, min(num_proc, len(head)))
+    tasks = chain(head, tasks)
     bar = tqdm(desc=f"tokenize {label}", unit="shard", disable=not progress)
     results: list[tuple[int, int]] = []
     if num_proc == 1:

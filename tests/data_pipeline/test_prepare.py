@@ -211,3 +211,25 @@ def test_inputs_that_change_between_passes_are_refused(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="changed while being prepared"):
         prepare(corpus, TokenizerConfig(vocab_size=300), tmp_path / "cache", num_proc=1, progress=False)
     assert not any((tmp_path / "cache").glob("*/manifest.json"))
+
+
+def test_no_more_tokenizer_processes_than_chunks(tmp_path, monkeypatch):
+    """A small corpus (one train and one val chunk: every test study, the demo's) starts two
+    tokenizer processes however many CPUs are offered, not one per CPU. The real pool runs;
+    the wrapper around multiprocessing's spawn context only records its size."""
+    import data_pipeline.build as build
+
+    real, sizes = build.mp.get_context, []
+
+    class Recording:
+        def __init__(self, method):
+            self.ctx = real(method)
+
+        def Pool(self, processes, *args):  # noqa: N802 - multiprocessing's name
+            sizes.append(processes)
+            return self.ctx.Pool(processes, *args)
+
+    monkeypatch.setattr(build.mp, "get_context", Recording)
+    prep = prepare(CorpusConfig(max_documents=20), TokenizerConfig(vocab_size=512), tmp_path, num_proc=8, progress=False)
+    assert [len(prep.manifest["splits"][sp]["shards"]) for sp in ("train", "val")] == [1, 1]
+    assert sizes == [2]

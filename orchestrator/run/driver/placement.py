@@ -182,15 +182,16 @@ def unschedulable_reason(run: RunSpec, nodes: list[dict[str, float]], growth: Cl
     return f"{why}, and can grow to {len(growth.nodes)} node(s) with {grown} (the largest node {largest}; from {growth.source})"
 
 
-def _copies(run: RunSpec, nodes: list[dict[str, float]]) -> int:
+def _copies(run: RunSpec, nodes: list[dict[str, float]], most: int) -> int:
     free, n = [dict(x) for x in nodes], 0
-    while n < 4096 and _place(run_demands(run), run.resources.workers, free):
+    while n < most and _place(run_demands(run), run.resources.workers, free):
         n += 1
     return n
 
 
-def capacity(run: RunSpec, nodes: list[dict[str, float]], growth: ClusterGrowth | None = None) -> int:
-    """How many copies of ``run`` the cluster holds at once (at least 1): on the alive
-    ``nodes``, or on what it can grow to, whichever holds more (an autoscaler scales up for
-    the placement groups that pend)."""
-    return max(1, _copies(run, nodes), _copies(run, growth.nodes) if growth else 0)
+def capacity(run: RunSpec, nodes: list[dict[str, float]], growth: ClusterGrowth | None = None, most: int = 4096) -> int:
+    """How many copies of ``run`` the cluster holds at once, counted up to ``most`` (the packs
+    there are to place: more slots are never used, and an unbounded node type would otherwise
+    be counted to thousands), at least 1: on the alive ``nodes``, or on what it can grow to,
+    whichever holds more (an autoscaler scales up for the placement groups that pend)."""
+    return max(1, _copies(run, nodes, most), _copies(run, growth.nodes, most) if growth else 0)

@@ -35,7 +35,15 @@ from rich.console import Console
 from orchestrator.plan.contract import RunSpec
 from orchestrator.run.driver.leasing import study_lease
 from orchestrator.run.driver.packing import Pack, fit_pack, launch_order, make_packs, pack_items
-from orchestrator.run.driver.placement import ClusterGrowth, alive_nodes, capacity, cluster_growth, declared_growth, unschedulable_reason
+from orchestrator.run.driver.placement import (
+    ClusterGrowth,
+    alive_nodes,
+    capacity,
+    cluster_growth,
+    declared_growth,
+    run_demands,
+    unschedulable_reason,
+)
 from orchestrator.run.driver.prepare_tasks import check_data_fits, find_unigrams, prepare_data, record_unigrams
 from orchestrator.run.driver.records import (
     existing_runs,
@@ -292,12 +300,16 @@ def _launch_and_watch(
     # block): each pack that ends frees a slot for the next-longest, so Ray's placement follows
     # LPT order. Recounted as nodes join and leave; with an autoscaler, the pending placement
     # groups of the packs beyond the alive nodes are what makes it add nodes.
+    # The grown cluster's slots are counted once; only the alive nodes are recounted each time.
+    packs = make_packs(plan_order, {r.run_id for r, _ in todo})
+    shapes = list({(r.resources.workers, tuple(sorted(run_demands(r).items()))): r for r, _ in todo}.values())
+    grown = max(capacity(r, [], growth, most=len(packs)) for r in shapes) if growth else 1
 
     def limit() -> int:
         if max_in_flight:
             return max_in_flight
         nodes = alive_nodes()
-        return max(capacity(r, nodes, growth) for r, _ in todo)
+        return max(grown, *(capacity(r, nodes, most=len(packs)) for r in shapes))
 
     mlflow_ids = {r.run_id: m for r, m in todo}
 
@@ -321,4 +333,4 @@ def _launch_and_watch(
         def on_tick() -> None:
             view.update(ray.get(board.snapshot.remote()), result.status)
 
-        dispatch(make_packs(plan_order, set(mlflow_ids)), launch, limit, on_done, on_tick)
+        dispatch(packs, launch, limit, on_done, on_tick)

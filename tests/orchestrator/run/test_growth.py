@@ -12,7 +12,14 @@ from ray.core.generated import autoscaler_pb2
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.driver.placement import ClusterGrowth, capacity, growth_from_cluster_config, growth_from_file, unschedulable_reason
+from orchestrator.run.driver.placement import (
+    UNBOUNDED,
+    ClusterGrowth,
+    capacity,
+    growth_from_cluster_config,
+    growth_from_file,
+    unschedulable_reason,
+)
 from tests.helpers import driver_env, qk, tiny_spec, write_spec
 
 HEAD = {"CPU": 0.0, "memory": 1e9}
@@ -43,6 +50,10 @@ def test_an_unbounded_group_holds_any_run_that_fits_one_of_its_nodes():
     growth = growth_from_cluster_config(_reported(("cpu", {"CPU": 2}, -1)))
     assert unschedulable_reason(_run(workers=16, cpus=2), [HEAD], growth) is None
     assert "the largest node {'CPU': 2.0}" in unschedulable_reason(_run(workers=1, cpus=4), [HEAD], growth)
+    # slots are counted only up to the packs there are: an unbounded type is not counted to
+    # thousands each time the driver asks (it asks before every launch and every second)
+    assert capacity(_run(workers=1, cpus=2), [HEAD], growth, most=3) == 3
+    assert capacity(_run(workers=1, cpus=2), [HEAD], growth) == UNBOUNDED
 
 
 def test_refusal_and_capacity_are_judged_on_what_the_cluster_can_become():
