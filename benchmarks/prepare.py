@@ -93,7 +93,7 @@ def _stage(train: list, val: list, proto: bytes, eod_id: int, dtype: str, shards
     """prepare's tokenize + write-shards stage over documents already in memory."""
     names: list[tuple[str, str]] = []
     docs = iter([(d, False) for d in train] + [(d, True) for d in val])
-    return _tokenize(_chunk_tasks(docs, eod_id, dtype, shards, names), names, proto, num_proc, False, "bench")
+    return _tokenize(_chunk_tasks(docs, eod_id, dtype, shards, names), names, shards, proto, num_proc, False, "bench")
 
 
 def _contended_note(times: dict, cores: dict, num_proc: int) -> str:

@@ -7,10 +7,12 @@ documents three times, never holding the corpus (a mixture excepted: its order p
 its components' documents): a survey splits them train/val by a hash of each document id and
 counts the lines the tokenizer may train on; the tokenizer trains on a bounded, fixed-seed
 sample of the train split's lines (``tokenizer.max_sentences``, drawn from the count, so it is
-the sample a list would give); chunks of documents are tokenized in a process pool (spawned,
-so it also runs inside a Ray task) with a bounded number in flight. Everything is written to a
-temp directory and published with one rename (or, for object-store URIs, an upload with the
-manifest last). The shards and content hash are those of the in-memory version it replaced.
+the sample a list would give); chunks of documents are tokenized in a process pool (spawned
+local processes, or Ray tasks over a cluster's nodes: ``PoolFactory``) with a bounded number
+in flight. Everything is written to a locked work directory, each file renamed into place
+whole, so a killed prepare is resumed by the next (``_work_dir``), and published with one
+rename (or, for object-store URIs, from a local temp directory, an upload with the manifest
+last). The shards and content hash are those of the in-memory version it replaced.
 
 Layout of a prepared directory::
 
@@ -22,6 +24,7 @@ Layout of a prepared directory::
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -33,7 +36,7 @@ import tempfile
 import time
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -207,48 +210,82 @@ def _spawn_without_main():
         main.__dict__.update(saved)
 
 
-def _tokenize(tasks: Iterator[tuple], names: list[tuple[str, str]], proto: bytes, num_proc: int, progress: bool, label: str) -> dict:
-    """Tokenize ``tasks`` (``_chunk_tasks``) into their shards; returns the manifest's `splits`
-    entry. At most 2 x ``num_proc`` chunks are in memory at once (read, queued or encoding)."""
+PoolFactory = Callable[[int, Callable[..., None], tuple], Any]
+"""(processes, initializer, initargs) -> a ``multiprocessing.pool.Pool``-like object (a context
+manager with ``apply_async``), e.g. ``orchestrator.run.driver.prepare_tasks.ClusterPool`` (Ray tasks)."""
+
+
+def _local_pool(processes: int, initializer: Callable[..., None], initargs: tuple) -> Any:
+    # spawn, not fork: forking a process that runs Ray/gRPC threads can deadlock.
+    with _spawn_without_main():
+        return mp.get_context("spawn").Pool(processes, initializer, initargs)
+
+
+def _tokenize(
+    tasks: Iterator[tuple],
+    names: list[tuple[str, str]],
+    tmp: str,
+    proto: bytes,
+    num_proc: int,
+    progress: bool,
+    label: str,
+    pool: PoolFactory | None = None,
+) -> dict:
+    """Tokenize ``tasks`` (``_chunk_tasks``) into their shards under ``tmp`` in ``pool`` (default: spawned
+    local processes); returns the manifest's `splits` entry. A shard already written (whole: see
+    ``encode.write_shard``) by a killed prepare is counted, not encoded again. At most 2 x
+    ``num_proc`` chunks are in memory at once (read, queued or encoding).
+
+    Raises:
+        DataError: a shard a pool process wrote is not visible here (a cluster's nodes do not
+            share the cache).
+    """
     from tqdm.auto import tqdm
 
+    todo: Iterator[tuple] = (t for t in tasks if not os.path.exists(t[0]))  # names still lists every shard
     # No more processes than chunks: a corpus of one chunk (every small study) starts no pool.
-    head = list(islice(tasks, num_proc))
+    head = list(islice(todo, num_proc))
     num_proc = max(1, min(num_proc, len(head)))
-    tasks = chain(head, tasks)
+    todo = chain(head, todo)
     bar = tqdm(desc=f"tokenize {label}", unit="shard", disable=not progress)
-    results: list[tuple[int, int]] = []
-    if num_proc == 1:
+    if num_proc == 1 and pool is None:
         encode.init_worker(proto)
-        for t in tasks:
-            results.append(encode.encode_chunk(t))
+        for t in todo:
+            encode.encode_chunk(t)
             bar.update()
-    else:
-        # spawn, not fork: forking a process that runs Ray/gRPC threads can deadlock.
-        with _spawn_without_main():
-            pool = mp.get_context("spawn").Pool(num_proc, encode.init_worker, (proto,))
-        with pool:
+    elif head:
+        with (pool or _local_pool)(num_proc, encode.init_worker, (proto,)) as workers:
             pending: deque = deque()
-            for t in tasks:
-                pending.append(pool.apply_async(encode.encode_chunk, (t,)))
+            for t in todo:
+                pending.append(workers.apply_async(encode.encode_chunk, (t,)))
                 while len(pending) >= 2 * num_proc or (pending and pending[0].ready()):
-                    results.append(pending.popleft().get())
+                    pending.popleft().get()
                     bar.update()
             while pending:
-                results.append(pending.popleft().get())
+                pending.popleft().get()
                 bar.update()
     bar.close()
     out: dict[str, dict[str, Any]] = {s: {"documents": 0, "tokens": 0, "shards": []} for s in ("train", "val")}
-    for (split, name), (n_docs, n_tok) in zip(names, results):
+    for split, name in names:
+        path = os.path.join(tmp, name)
+        if not os.path.exists(path):
+            raise DataError(
+                f"{label}: shard {path} was written by a process that does not see this cache: "
+                "QKSTUDY_CACHE must be storage every node mounts"
+            )
+        n_docs, n_tok = encode.shard_counts(path)
         out[split]["documents"] += n_docs
         out[split]["tokens"] += n_tok
         out[split]["shards"].append({"file": name, "documents": n_docs, "tokens": n_tok})
     return out
 
 
-def _prepare_text(corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, num_proc: int, progress: bool) -> dict:
+def _prepare_text(
+    corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, num_proc: int, progress: bool, pool: PoolFactory | None
+) -> dict:
     """Three streamed passes over the documents, none holding the corpus: a survey (split and
-    tokenizer-line count per document), the tokenizer's sample, the tokenization."""
+    tokenizer-line count per document), the tokenizer's sample, the tokenization. A tokenizer
+    and shards a killed prepare left in ``tmp`` are kept (the pass that made them is skipped)."""
     label = corpus.label()
     timings = {}
     t0 = time.perf_counter()
@@ -264,18 +301,27 @@ def _prepare_text(corpus: CorpusConfig, tokenizer: TokenizerConfig, tmp: str, nu
         )
     timings["read_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    train_lines = int(survey.lines[~survey.is_val].sum())
-    train_texts = (d.text for d, is_val in _documents(corpus, survey, label) if not is_val)
-    proto = train_tokenizer(train_texts, tokenizer, label, num_threads=num_proc, total_lines=train_lines)
+    model = os.path.join(tmp, "tokenizer.model")
+    if os.path.exists(model):  # written whole (renamed into place) by a killed prepare of this content hash
+        with open(model, "rb") as f:
+            proto = f.read()
+    else:
+        train_lines = int(survey.lines[~survey.is_val].sum())
+        train_texts = (d.text for d, is_val in _documents(corpus, survey, label) if not is_val)
+        proto = train_tokenizer(train_texts, tokenizer, label, num_threads=num_proc, total_lines=train_lines)
+        with open(f"{model}.part", "wb") as f:
+            f.write(proto)
+        os.replace(f"{model}.part", model)
     timings["tokenizer_train_s"] = time.perf_counter() - t0
-    with open(os.path.join(tmp, "tokenizer.model"), "wb") as f:
-        f.write(proto)
     eod_id = 2  # SentencePiece </s>
     dtype = "uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32"
     t0 = time.perf_counter()
     names: list[tuple[str, str]] = []
     tasks = _chunk_tasks(_documents(corpus, survey, label), eod_id, dtype, tmp, names)
-    splits = _tokenize(tasks, names, proto, num_proc, progress, label)
+    resumed = sum(n.endswith(".arrow") for n in os.listdir(tmp))
+    if resumed:
+        log.warning("%s: resuming a prepare that was stopped: %d shards already written are kept", label, resumed)
+    splits = _tokenize(tasks, names, tmp, proto, num_proc, progress, label, pool)
     timings["tokenize_s"] = time.perf_counter() - t0
     return {
         "layout": "stream",
@@ -323,53 +369,99 @@ def _prepare_mqar(corpus: CorpusConfig, tmp: str) -> dict:
     }
 
 
+@contextmanager
+def _work_dir(root: str, h: str, remote: bool) -> Iterator[str | None]:
+    """The directory a prepare writes into before publishing, or None when, once it may write,
+    the data is already published.
+
+    A local cache: ``<root>/.partial-<hash>-v<format>``, held under an exclusive lock
+    (``flock`` on a sibling ``.lock``) for the whole prepare: a second prepare of the same
+    content waits, then finds it published; a killed one's directory stays, and the next
+    prepare resumes it (its tokenizer and whole shards kept). A bad-input DataError removes it.
+    A URI: a fresh local temp directory, uploaded by ``storage.publish`` (no resume)."""
+    if remote:
+        tmp = tempfile.mkdtemp(prefix=f".tmp-{h}-")
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    os.makedirs(root, exist_ok=True)
+    work = os.path.join(root, f".partial-{h}-v{FORMAT_VERSION}")
+    with open(f"{work}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel when a holder dies
+        if storage.read_manifest(os.path.join(root, h)) is not None:
+            yield None
+            return
+        os.makedirs(work, exist_ok=True)
+        os.chmod(work, 0o755)  # shards on shared storage are read by other users and containers
+        try:
+            yield work
+        except DataError:
+            shutil.rmtree(work, ignore_errors=True)  # bad input: nothing to resume
+            raise
+        finally:
+            if not os.path.exists(work):  # published or removed: a prepare that opens the lock from now on need not wait
+                os.unlink(f"{work}.lock")
+
+
 def prepare(
-    corpus: CorpusConfig, tokenizer: TokenizerConfig, cache_root=None, *, num_proc: int | None = None, progress: bool = True
+    corpus: CorpusConfig,
+    tokenizer: TokenizerConfig,
+    cache_root=None,
+    *,
+    num_proc: int | None = None,
+    progress: bool = True,
+    pool: PoolFactory | None = None,
 ) -> PreparedData:
     """Prepare `corpus` with `tokenizer` into ``<cache_root>/<content_hash>``, or return it if present.
 
     cache_root: local path or pyarrow URI (s3://, gs://, file://); default $QKSTUDY_CACHE or
     ~/.cache/qkstudy/data. num_proc: tokenization processes (default: CPUs this process may use).
+    pool: where the tokenization processes run (``PoolFactory``; default spawned local processes;
+    a local cache only, since every process writes its shards straight into it). A killed
+    prepare of a local cache is resumed by the next (``_work_dir``).
     Raises DataError (a ValueError) naming the source for bad input; nothing is left half-written.
     """
     root = str(cache_root) if cache_root is not None else storage.default_cache_root()
     remote = storage.is_uri(root)
+    if not remote:
+        root = os.path.abspath(os.path.expanduser(root))
     fp = sources.fingerprint(corpus)
     h = content_hash(corpus, tokenizer, fp)
-    dest = storage.join(root if remote else os.path.abspath(os.path.expanduser(root)), h)
+    dest = storage.join(root, h)
     manifest = storage.read_manifest(dest)
     if manifest is not None:
         return PreparedData.from_manifest(dest, manifest)
-    if not remote:
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{h}-", dir=None if remote else os.path.dirname(dest))
-    os.chmod(tmp, 0o755)  # mkdtemp makes 0700; shards on shared storage are read by other users/containers
-    try:
-        t0 = time.perf_counter()
-        if corpus.source == "mqar":
-            body = _prepare_mqar(corpus, tmp)
-        else:
-            body = _prepare_text(corpus, tokenizer, tmp, num_proc or _default_num_proc(), progress)
-        for split, info in body["splits"].items():
-            if info["tokens"] < 2:
-                raise DataError(f"{corpus.label()}: split '{split}' has {info['tokens']} tokens, too few for a window")
-        body["unigram"] = unigram.prepared_unigram(tmp, body)  # cheap (a bincount); data_pipeline.unigram
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "content_hash": h,
-            "source": corpus.source,
-            "corpus": corpus.model_dump(mode="json"),
-            "source_hashes": fp,
-            **body,
-            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        manifest.setdefault("timings", {})["total_s"] = time.perf_counter() - t0
-        with open(os.path.join(tmp, storage.MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=1, sort_keys=True)
-        storage.publish(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _work_dir(root, h, remote) as tmp:
+        if tmp is not None:
+            _build(corpus, tokenizer, fp, h, tmp, num_proc or _default_num_proc(), progress, None if remote else pool)
+            storage.publish(tmp, dest)
     manifest = storage.read_manifest(dest)
     if manifest is None:  # published, yet unreadable: storage lost it or another writer removed it
         raise DataError(f"{corpus.label()}: {dest} has no readable manifest.json after publishing")
     return PreparedData.from_manifest(dest, manifest)
+
+
+def _build(
+    corpus: CorpusConfig, tokenizer: TokenizerConfig, fp: dict, h: str, tmp: str, num_proc: int, progress: bool, pool: PoolFactory | None
+) -> None:
+    """Write the prepared directory's files (shards, tokenizer, then the manifest) into ``tmp``."""
+    t0 = time.perf_counter()
+    body = _prepare_mqar(corpus, tmp) if corpus.source == "mqar" else _prepare_text(corpus, tokenizer, tmp, num_proc, progress, pool)
+    for split, info in body["splits"].items():
+        if info["tokens"] < 2:
+            raise DataError(f"{corpus.label()}: split '{split}' has {info['tokens']} tokens, too few for a window")
+    body["unigram"] = unigram.prepared_unigram(tmp, body)  # cheap (a bincount); data_pipeline.unigram
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "content_hash": h,
+        "source": corpus.source,
+        "corpus": corpus.model_dump(mode="json"),
+        "source_hashes": fp,
+        **body,
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    manifest.setdefault("timings", {})["total_s"] = time.perf_counter() - t0
+    with open(os.path.join(tmp, storage.MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)

@@ -11,6 +11,7 @@ BPE encode is superlinear in input length, so lines are faster and balance bette
 
 from __future__ import annotations
 
+import os
 from itertools import chain
 
 import numpy as np
@@ -26,11 +27,21 @@ def init_worker(model_proto: bytes) -> None:
 
 
 def write_shard(path: str, offsets: np.ndarray, columns: dict[str, np.ndarray]) -> None:
-    """Write list columns sharing `offsets` (int [rows + 1]) from flat value arrays."""
+    """Write list columns sharing `offsets` (int [rows + 1]) from flat value arrays, to a temp
+    name renamed onto ``path``: a shard that exists is whole (a resumed prepare keeps it)."""
     pa_offsets = pa.array(offsets.astype(np.int32))
     table = pa.table({name: pa.ListArray.from_arrays(pa_offsets, pa.array(flat)) for name, flat in columns.items()})
-    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+    part = f"{path}.{os.getpid()}.part"
+    with pa.OSFile(part, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=max(1, table.num_rows))
+    os.replace(part, path)
+
+
+def shard_counts(path: str) -> tuple[int, int]:
+    """(documents, tokens) of a written shard (its rows and its ``ids`` values), read from the
+    memory-mapped file without copying the tokens."""
+    table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+    return table.num_rows, sum(len(c.flatten()) for c in table.column("ids").chunks)
 
 
 def split_lines(text: str) -> list[str]:

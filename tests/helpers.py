@@ -6,6 +6,7 @@ Fixtures live in ``tests/fixtures/``; this module holds plain functions and cons
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -149,3 +151,27 @@ def built_shm_op() -> Path | None:
         if (d / f"{SHM_OP}.so").is_file():
             return d
     return None
+
+
+def write_words_corpus(root: Path) -> None:
+    """80 text files of seeded random words under ``root`` (about 400 KB): real-looking lines,
+    the same on every machine."""
+    rng = np.random.default_rng(7)
+    words = ["".join(chr(97 + c) for c in rng.integers(0, 26, rng.integers(2, 9))) for _ in range(400)]
+    for i in range(80):
+        lines = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(rng.integers(20, 200))]
+        (root / f"doc{i:03d}.txt").write_text("\n".join(lines) + "\n")
+
+
+def prepared_digest(path: str) -> str:
+    """sha256 of a prepared directory: its manifest (less times, paths and hashes that name the
+    machine's temp folder) and every file's name and bytes."""
+    h = hashlib.sha256()
+    m = json.load(open(os.path.join(path, "manifest.json")))
+    kept = {k: v for k, v in m.items() if k not in ("created_utc", "timings", "content_hash", "source_hashes", "corpus")}
+    h.update(json.dumps(kept, sort_keys=True).encode())
+    for f in sorted(os.listdir(path)):
+        if f != "manifest.json":
+            h.update(f.encode())
+            h.update(open(os.path.join(path, f), "rb").read())
+    return h.hexdigest()

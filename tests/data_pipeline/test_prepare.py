@@ -1,4 +1,3 @@
-import hashlib
 import json
 import os
 
@@ -11,6 +10,7 @@ from data_pipeline.build import split_documents
 from data_pipeline.errors import DataError
 from data_pipeline.sources import load_documents
 from data_pipeline.tokenizer import eligible_lines, load_tokenizer, sample_sentences
+from tests.helpers import prepared_digest, write_words_corpus
 
 
 def _shard_rows(prep: PreparedData, split: str) -> list[np.ndarray]:
@@ -115,29 +115,6 @@ def test_parallel_prepare_from_an_unguarded_script(tmp_path):
     assert lines.count("MAIN") == 1 and int(lines[-1]) > 1
 
 
-def _write_words_corpus(root) -> None:
-    """80 text files of seeded random words: real-looking lines, the same on every machine."""
-    rng = np.random.default_rng(7)
-    words = ["".join(chr(97 + c) for c in rng.integers(0, 26, rng.integers(2, 9))) for _ in range(400)]
-    for i in range(80):
-        lines = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(rng.integers(20, 200))]
-        (root / f"doc{i:03d}.txt").write_text("\n".join(lines) + "\n")
-
-
-def _digest(path: str) -> str:
-    """sha256 of a prepared directory: its manifest (less times, paths and hashes that name the
-    machine's temp folder) and every file's name and bytes."""
-    h = hashlib.sha256()
-    m = json.load(open(os.path.join(path, "manifest.json")))
-    kept = {k: v for k, v in m.items() if k not in ("created_utc", "timings", "content_hash", "source_hashes", "corpus")}
-    h.update(json.dumps(kept, sort_keys=True).encode())
-    for f in sorted(os.listdir(path)):
-        if f != "manifest.json":
-            h.update(f.encode())
-            h.update(open(os.path.join(path, f), "rb").read())
-    return h.hexdigest()
-
-
 # Digests of what the in-memory prepare (commit 80eec05, before prepare streamed) wrote for these
 # three corpora: a tokenizer sample drawn below the line count, several shards per split from a
 # process pool, and the tiny-corpus fallback that moves one document to val.
@@ -163,23 +140,23 @@ def test_streamed_prepare_writes_what_the_in_memory_one_did(tmp_path, monkeypatc
 
     root = tmp_path / "corpus"
     root.mkdir()
-    _write_words_corpus(root)
+    write_words_corpus(root)
     monkeypatch.setattr(build, "CHUNK_CHARS", chunk_chars)
     corpus = CorpusConfig(source="text", paths=[str(root)], **corpus_kw)
     prep = prepare(corpus, TokenizerConfig(**tokenizer_kw), tmp_path / "cache", num_proc=num_proc, progress=False)
     if case == "shards":
         assert len(prep.manifest["splits"]["train"]["shards"]) > 5
-    assert _digest(prep.path) == IN_MEMORY_DIGESTS[case]
+    assert prepared_digest(prep.path) == IN_MEMORY_DIGESTS[case]
 
 
-def test_a_different_draw_is_detected_by_the_digest(tmp_path):
+def test_a_different_draw_is_detected_by_theprepared_digest(tmp_path):
     """Negative control: the digest sees a one-line change of the tokenizer's sample."""
     root = tmp_path / "corpus"
     root.mkdir()
-    _write_words_corpus(root)
+    write_words_corpus(root)
     corpus = CorpusConfig(source="text", paths=[str(root)])
     prep = prepare(corpus, TokenizerConfig(vocab_size=300, max_sentences=499), tmp_path / "cache", num_proc=1, progress=False)
-    assert _digest(prep.path) != IN_MEMORY_DIGESTS["sampled"]
+    assert prepared_digest(prep.path) != IN_MEMORY_DIGESTS["sampled"]
 
 
 def test_the_streamed_sample_is_the_listed_one():
@@ -197,7 +174,7 @@ def test_inputs_that_change_between_passes_are_refused(tmp_path, monkeypatch):
 
     root = tmp_path / "corpus"
     root.mkdir()
-    _write_words_corpus(root)
+    write_words_corpus(root)
     corpus = CorpusConfig(source="text", paths=[str(root)])
     real, calls = sources.iter_documents, []
 
@@ -233,3 +210,116 @@ def test_no_more_tokenizer_processes_than_chunks(tmp_path, monkeypatch):
     prep = prepare(CorpusConfig(max_documents=20), TokenizerConfig(vocab_size=512), tmp_path, num_proc=8, progress=False)
     assert [len(prep.manifest["splits"][sp]["shards"]) for sp in ("train", "val")] == [1, 1]
     assert sizes == [2]
+
+
+def _words_corpus(tmp_path) -> CorpusConfig:
+    root = tmp_path / "corpus"
+    root.mkdir()
+    write_words_corpus(root)
+    return CorpusConfig(source="text", paths=[str(root)])
+
+
+def _partials(cache) -> list[str]:
+    return sorted(n for n in os.listdir(cache) if n.startswith("."))
+
+
+def test_a_killed_prepare_is_resumed_keeping_its_shards_and_writes_what_an_unbroken_one_does(tmp_path, monkeypatch, caplog):
+    """kill -9 after the third shard (a process of its own, at a fixed point: the encoder the
+    prepare calls is wrapped to kill its process); the next prepare keeps the tokenizer and the
+    three shards (same inodes and times), writes the rest, and publishes what a prepare that was
+    never stopped writes."""
+    import signal
+    import subprocess
+    import sys
+
+    import data_pipeline.build as build
+
+    corpus, cache = _words_corpus(tmp_path), tmp_path / "cache"
+    script = (
+        "import os, signal\n"
+        "import data_pipeline.build as build\n"
+        "from data_pipeline import CorpusConfig, TokenizerConfig, prepare\n"
+        "build.CHUNK_CHARS = 20_000\n"
+        "encode, done = build.encode.encode_chunk, []\n"
+        "def encode_then_die(task):\n"
+        "    done.append(encode(task))\n"
+        "    if len(done) == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return done[-1]\n"
+        "build.encode.encode_chunk = encode_then_die\n"
+        f"corpus = CorpusConfig.model_validate_json({corpus.model_dump_json()!r})\n"
+        f"prepare(corpus, TokenizerConfig(vocab_size=300), {str(cache)!r}, num_proc=1, progress=False)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    (work,) = [n for n in _partials(cache) if not n.endswith(".lock")]
+    left = {n: os.stat(cache / work / n) for n in os.listdir(cache / work)}
+    assert sorted(left) == ["tokenizer.model", "train-00000.arrow", "train-00001.arrow", "train-00002.arrow"]
+
+    monkeypatch.setattr(build, "CHUNK_CHARS", 20_000)
+    trained = []
+    monkeypatch.setattr(build, "train_tokenizer", lambda *a, **k: trained.append(1))  # the kept model is used
+    with caplog.at_level("WARNING", logger="data_pipeline.build"):
+        prep = prepare(corpus, TokenizerConfig(vocab_size=300), cache, num_proc=1, progress=False)
+    assert "resuming a prepare that was stopped: 3 shards already written are kept" in caplog.text
+    assert trained == [] and _partials(cache) == []  # nothing of the work directory or its lock left
+    for name, st in left.items():  # kept, not rewritten
+        now = os.stat(os.path.join(prep.path, name))
+        assert (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns), name
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "CHUNK_CHARS", 20_000)
+    clean = prepare(corpus, TokenizerConfig(vocab_size=300), tmp_path / "clean", num_proc=1, progress=False)
+    assert len(clean.manifest["splits"]["train"]["shards"]) > 5
+    assert prepared_digest(prep.path) == prepared_digest(clean.path)
+
+
+def test_two_prepares_of_one_corpus_at_once_build_it_once(tmp_path, monkeypatch):
+    import threading
+
+    import data_pipeline.build as build
+
+    corpus, cache = _words_corpus(tmp_path), tmp_path / "cache"
+    trained, real = [], build.train_tokenizer
+
+    def counted(*a, **k):
+        trained.append(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(build, "train_tokenizer", counted)
+    out: dict[str, str] = {}
+
+    def run(name):
+        out[name] = prepare(corpus, TokenizerConfig(vocab_size=300), cache, num_proc=1, progress=False).path
+
+    threads = [threading.Thread(target=run, args=(n,), name=n) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(trained) == 1 and out["a"] == out["b"] and _partials(cache) == []
+
+
+def test_a_shard_written_where_this_process_cannot_see_it_is_an_error_naming_the_cache(tmp_path):
+    """A pool whose processes write into another folder (a cluster's node that does not mount
+    the cache): the prepare stops with the reason instead of publishing a manifest that names
+    shards it does not hold, and leaves no work directory behind."""
+    from multiprocessing.pool import ThreadPool
+
+    from data_pipeline import encode
+
+    elsewhere = tmp_path / "other-node"
+    elsewhere.mkdir()
+
+    class OtherNode(ThreadPool):
+        def apply_async(self, func, args=(), kwds=None, callback=None, error_callback=None):
+            ((path, *rest),) = args
+            return super().apply_async(func, ((str(elsewhere / os.path.basename(path)), *rest),))
+
+    def pool(processes, initializer, initargs):
+        return OtherNode(processes, initializer, initargs)
+
+    cache = tmp_path / "cache"
+    with pytest.raises(DataError, match="QKSTUDY_CACHE must be storage every node mounts"):
+        prepare(_words_corpus(tmp_path), TokenizerConfig(vocab_size=300), cache, num_proc=2, progress=False, pool=pool)
+    assert os.listdir(elsewhere) and _partials(cache) == [] and os.listdir(cache) == []
+    assert encode.shard_counts(str(elsewhere / "train-00000.arrow"))[0] > 0  # the shard was written, just not here

@@ -1,7 +1,9 @@
 """Data preparation for a study: each corpus tokenized once, as a Ray task, then checked.
 
 One Ray task per corpus, all started at once; ``data_pipeline.prepare`` is content-addressed
-and cached, so a task for a corpus already prepared returns at once. ``check_data_fits``
+and cached, so a task for a corpus already prepared returns at once. On a cluster of several
+nodes the task tokenizes in Ray tasks spread over them (``ClusterPool``), each writing its
+shard into the shared cache; a killed prepare is resumed by the next (its whole shards kept). ``check_data_fits``
 runs before MLflow is touched: a corpus too small for one window, with token ids beyond the
 model's vocabulary, or whose files changed after the study was planned (its content hash is
 no longer the one in the runs' identity), leaves no record.
@@ -15,8 +17,8 @@ content hash names).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import ray
 from rich.console import Console
@@ -25,7 +27,61 @@ from orchestrator.plan.contract import RunSpec
 from orchestrator.plan.inputs import CorpusError
 from orchestrator.track.tracking import client_for, ensure_experiment, set_unigram_tags
 
+if TYPE_CHECKING:
+    from data_pipeline.build import PoolFactory
+
 __all__ = ["CorpusError", "check_data_fits", "find_unigrams", "prepare_data", "record_unigrams"]
+
+
+@ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
+def _pool_task(init: tuple[Callable[..., None], tuple], func: Callable, args: tuple) -> Any:
+    initializer, initargs = init
+    initializer(*initargs)  # a SentencePiece model from its proto: milliseconds, beside a chunk's encode
+    return func(*args)
+
+
+class _TaskResult:
+    """The ``multiprocessing.pool.AsyncResult`` face of one Ray task."""
+
+    def __init__(self, ref: ray.ObjectRef) -> None:
+        self.ref = ref
+
+    def ready(self) -> bool:
+        return bool(ray.wait([self.ref], timeout=0)[0])
+
+    def get(self) -> Any:
+        return ray.get(self.ref)
+
+
+class ClusterPool:
+    """``data_pipeline.build.PoolFactory`` over Ray tasks: each ``apply_async`` is one task of
+    one CPU, spread over the cluster's nodes (SPREAD), that runs the initializer, then the
+    function (for prepare: encode a chunk of documents and write its shard into the shared
+    cache). Tasks, not a pool of actors: a busy cluster makes them wait their turn, where actors
+    that must all start before any works could wait on each other."""
+
+    def __init__(self, processes: int, initializer: Callable[..., None], initargs: tuple) -> None:
+        self.processes = processes
+        self.init = ray.put((initializer, initargs))  # once in the object store, not once per task
+
+    def apply_async(self, func: Callable, args: tuple = ()) -> _TaskResult:
+        return _TaskResult(_pool_task.remote(self.init, func, args))
+
+    def __enter__(self) -> ClusterPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def tokenizer_processes() -> tuple[int, PoolFactory | None]:
+    """(processes, pool) for a prepare run inside a Ray task: on a cluster of two or more nodes
+    with CPUs, their CPUs in all, as Ray tasks (``ClusterPool``); on one node the CPUs this
+    process may use, in local processes (no task scheduling to pay per chunk)."""
+    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
+    if len(nodes) > 1:
+        return int(sum(n["Resources"]["CPU"] for n in nodes)), ClusterPool
+    return len(os.sched_getaffinity(0)), None
 
 
 @ray.remote(num_cpus=1)
@@ -33,7 +89,15 @@ def _prepare_task(corpus: dict, tokenizer: dict, cache_root: str | None) -> dict
     from data_pipeline import CorpusConfig, TokenizerConfig, prepare
     from data_pipeline.unigram import unigram_of
 
-    p = prepare(CorpusConfig.model_validate(corpus), TokenizerConfig.model_validate(tokenizer), cache_root, progress=False)
+    processes, pool = tokenizer_processes()
+    p = prepare(
+        CorpusConfig.model_validate(corpus),
+        TokenizerConfig.model_validate(tokenizer),
+        cache_root,
+        num_proc=processes,
+        progress=False,
+        pool=pool,
+    )
     tokens = {split: info["tokens"] for split, info in p.manifest.get("splits", {}).items()}
     return {
         "path": p.path,
