@@ -53,13 +53,19 @@ test-unit: install
 	@mkdir -p $(TIERDIR)
 	$(PYTEST) -n $(UNIT_WORKERS) -m "not slow and not stack" --junitxml=$(TIERDIR)/unit.xml tests | tee $(TIERDIR)/unit-durations.txt; exit $${PIPESTATUS[0]}
 
+# The slow and stack tiers run in two pytest-xdist workers (SLOW_WORKERS=0: one process): a
+# test that trains spends much of its wall-clock in start-ups that use one core of two (imports,
+# a Ray start, about 14 s of Ray Train worker group per trainer). Tests on one shared fixture
+# (a trained study, the local Ray, a cluster) stay on one worker, whose chain starts first
+# (tests/fixtures/tiers.py: SharedFixtureScheduling). Measured in BENCHMARKS.md.
+SLOW_WORKERS ?= 2
 test-slow: install
 	@mkdir -p $(TIERDIR)
-	$(PYTEST) -m "slow and not stack" --junitxml=$(TIERDIR)/slow.xml tests | tee $(TIERDIR)/slow-durations.txt; exit $${PIPESTATUS[0]}
+	$(PYTEST) -n $(SLOW_WORKERS) --dist loadgroup -m "slow and not stack" --junitxml=$(TIERDIR)/slow.xml tests | tee $(TIERDIR)/slow-durations.txt; exit $${PIPESTATUS[0]}
 
 test-stack: install
 	@mkdir -p $(TIERDIR)
-	$(PYTEST) -m stack --junitxml=$(TIERDIR)/stack.xml tests | tee $(TIERDIR)/stack-durations.txt; exit $${PIPESTATUS[0]}
+	$(PYTEST) -n $(SLOW_WORKERS) --dist loadgroup -m stack --junitxml=$(TIERDIR)/stack.xml tests | tee $(TIERDIR)/stack-durations.txt; exit $${PIPESTATUS[0]}
 
 test: install
 	@rc=0; for t in unit slow stack; do $(MAKE) --no-print-directory test-$$t || rc=1; done; \

@@ -93,3 +93,45 @@ def test_forbidden_command_reads_argv_and_shell_strings():
     assert forbidden_command(["docker", "--host", "unix:///x", "run", "img"]) == "docker run"
     assert forbidden_command(["docker", "compose", "config"]) is None  # reads files, starts nothing
     assert forbidden_command(["ray", "status"]) is None and forbidden_command([]) is None
+
+
+# Records which xdist worker each test would run on, and runs none (no fixture is set up).
+WHERE = """
+import os
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    with open(os.environ["WHERE_OUT"], "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + " " + item.nodeid + "\\n")
+    return True
+"""
+
+
+def _workers_by_test(tmp_path: Path, dist: str) -> dict[str, str]:
+    (tmp_path / "where_probe.py").write_text(WHERE)
+    out = tmp_path / f"where-{dist}.txt"
+    files = ["tests/orchestrator/test_e2e.py", "tests/orchestrator/run/test_unigram_tag.py", "tests/orchestrator/run/test_tuned_study.py"]
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "WHERE_OUT": str(out), "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "where_probe", "-n", "2", "--dist", dist, "-m", "slow"]
+        + files,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode in (0, 5), res.stdout[-3000:] + res.stderr[-3000:]  # the probe ran none of them
+    return dict(line.split(" ", 1)[::-1] for line in out.read_text().splitlines())
+
+
+def test_tests_on_one_session_fixture_share_a_worker_and_a_plain_load_split_them(tmp_path) -> None:
+    grouped = _workers_by_test(tmp_path, "loadgroup")
+    own_study = ("test_bad_corpus", "test_changed_corpus")  # the e2e tests that train studies of their own
+    tiny = {w for t, w in grouped.items() if ("test_e2e" in t or "unigram_tag" in t) and not any(o in t for o in own_study)}
+    on_ray = {w for t, w in grouped.items() if "test_tuned_study" in t}
+    assert len(grouped) > 12 and len(tiny) == 1 and len(on_ray) == 1, grouped  # the trained study, the local Ray: built once
+    # negative control: xdist's plain load spreads the same tests over both workers
+    loaded = _workers_by_test(tmp_path, "load")
+    assert len({w for t, w in loaded.items() if "test_e2e" in t or "unigram_tag" in t}) == 2, loaded
