@@ -27,7 +27,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from orchestrator.plan.contract import RunSpec
-from orchestrator.plan.inputs import corpus_hashes, plan_study
+from orchestrator.plan.inputs import FitError, corpus_hashes, fit_problems, plan_study
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import Study
 from orchestrator.plan.throughput import throughput_table
@@ -125,11 +125,17 @@ def run_tuned_study(
     Raises:
         orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
         orchestrator.run.driver.prepare_tasks.CorpusError: see ``runner.run_runs``.
+        orchestrator.plan.inputs.FitError: a tuning or main run over ``budget.max_epochs`` or the
+            declared device memory, before the lease, Ray or MLflow.
     """
     console = console or Console(stderr=True)
     uri, storage = study_tracking_uri(study), study.resolved_storage_path
     table, data = throughput_table(study), corpus_hashes(study, True)
-    tuning = plan_tuning(study, plan(study, table, data))
+    untuned = plan(study, table, data)
+    tuning = plan_tuning(study, untuned)
+    # the main runs' tokens and shapes are known before tuning (it picks only their LR)
+    if problems := fit_problems(study, tuning + untuned):
+        raise FitError(problems)
     with study_lease(study.name, storage, console, wait=wait) as lease:
 
         def stage(runs: list[RunSpec], timeline: Timeline | None = None) -> StudyResult:  # under the lease held here

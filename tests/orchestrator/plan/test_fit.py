@@ -194,3 +194,18 @@ def test_bad_mfu_declarations_are_refused(throughput, mode, message):
     with pytest.raises(SpecError, match=message) as e:
         parse_spec(tiny_spec("bad", budget={"mode": mode, "tokens": 20 * TPS, "throughput": throughput}))
     assert "budget" in str(e.value)
+
+
+def test_run_of_a_tuned_study_over_max_epochs_exits_2_before_ray_or_mlflow(tmp_path):
+    """The tuned protocol plans its main runs only after tuning; their tokens are known before
+    it, so ``run`` refuses them as ``validate`` does (the unit tier's guard would fail this test
+    had it started Ray)."""
+    spec = _text_spec(tmp_path, "tuned-epochs", 100 * TPS)
+    doc = yaml.safe_load(open(spec))
+    doc["tune"] = {"lr": [1e-3, 3e-3], "tokens": 4 * TPS}
+    doc["workdir"] = str(tmp_path / "runs")
+    open(spec, "w").write(yaml.safe_dump(doc))
+    res = CliRunner().invoke(app, ["run", spec])
+    assert res.exit_code == 2, res.output
+    assert "budget.max_epochs" in res.output and "standard-cpu-xs-s0-x1" in res.output and spec in res.output
+    assert not (tmp_path / "runs").exists()  # no lease, no store
