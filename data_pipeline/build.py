@@ -3,8 +3,8 @@
 Identity: ``content_hash`` = sha256 over (format version, corpus config, tokenizer config, source
 fingerprint = sha256 of every input file). The output lives at ``<cache_root>/<content_hash>``;
 if its manifest exists, prepare returns at once (a no-op). Otherwise it streams over the
-documents three times, never holding the corpus (a mixture excepted: its order permutes all of
-its components' documents): a survey splits them train/val by a hash of each document id and
+documents three times, never holding the corpus (a mixture's picks wait in a spill file on
+disk: ``sources._mixture_documents``): a survey splits them train/val by a hash of each document id and
 counts the lines the tokenizer may train on; the tokenizer trains on a bounded, fixed-seed
 sample of the train split's lines (``tokenizer.max_sentences``, drawn from the count, so it is
 the sample a list would give); chunks of documents are tokenized in a process pool (spawned

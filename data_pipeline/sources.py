@@ -15,10 +15,12 @@ import fnmatch
 import glob
 import hashlib
 import json
+import mmap
 import os
 import re
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,30 +272,60 @@ def _file_documents(corpus: CorpusConfig, stats: DecodeStats) -> Iterator[Docume
             yield from _group_rows(rows, boundary, f.id, split)
 
 
-def _mixture_documents(corpus: CorpusConfig, stats: DecodeStats) -> list[Document]:
+def _mixture_picks(corpus: CorpusConfig, sizes: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
     """Weighted sampling without replacement: component i contributes round(w_i * M) documents,
-    M the largest total no component runs out at (or `max_documents`). Weights are in documents."""
-    pools = [load_documents(c.corpus, stats) for c in corpus.components]
+    M the largest total no component runs out at (or `max_documents`). Weights are in documents.
+    Returns each component's picked document indices (sorted) and the mixture's order: a
+    permutation of the picks taken component by component."""
     w = np.array([c.weight for c in corpus.components], dtype=np.float64)
     w /= w.sum()
-    total = min(len(p) / wi for p, wi in zip(pools, w))
+    total = min(n / wi for n, wi in zip(sizes, w))
     if corpus.max_documents is not None:
         total = min(total, corpus.max_documents)
     rng = np.random.default_rng(corpus.seed)
-    picked = []
-    for i, (pool, wi) in enumerate(zip(pools, w)):
-        n = max(1, min(len(pool), int(round(wi * total))))
-        for j in np.sort(rng.choice(len(pool), size=n, replace=False)):
-            d = pool[j]
-            picked.append(Document(f"{i}:{d.id}", d.text, d.split))
-    return [picked[j] for j in rng.permutation(len(picked))]
+    picks = []
+    for n, wi in zip(sizes, w):
+        k = max(1, min(n, int(round(wi * total))))
+        picks.append(np.sort(rng.choice(n, size=k, replace=False)))
+    return picks, rng.permutation(sum(len(p) for p in picks))
+
+
+def _mixture_documents(corpus: CorpusConfig, stats: DecodeStats) -> Iterator[Document]:
+    """The mixture's documents (``_mixture_picks``), streamed: a pass counts each component's
+    documents, a second writes the picked ones' text to a temporary spill file (UTF-8, ids and
+    offsets kept apart), which is memory-mapped and read in the mixture's order. Never holds
+    the texts; costs their size on the temp disk (``TMPDIR``) while iterated."""
+    sizes = [sum(1 for _ in iter_documents(c.corpus, DecodeStats())) for c in corpus.components]
+    picks, order = _mixture_picks(corpus, sizes)
+    ids: list[str] = []
+    splits: list[str | None] = []
+    bounds = [0]
+    with tempfile.TemporaryFile(prefix="qkstudy-mixture-") as spill:
+        for i, (c, picked) in enumerate(zip(corpus.components, picks)):
+            wanted = iter(picked.tolist())
+            nxt = next(wanted, None)
+            for j, d in enumerate(iter_documents(c.corpus, stats)):
+                if j != nxt:
+                    continue
+                data = d.text.encode("utf-8", "surrogatepass")
+                spill.write(data)
+                ids.append(f"{i}:{d.id}")
+                splits.append(d.split)
+                bounds.append(bounds[-1] + len(data))
+                nxt = next(wanted, None)  # read on to the end all the same: the decode counts are the whole component's
+        spill.flush()
+        if not bounds[-1]:
+            return  # nothing picked (mmap cannot map an empty file)
+        with mmap.mmap(spill.fileno(), 0, access=mmap.ACCESS_READ) as text:
+            for k in order:
+                yield Document(ids[k], text[bounds[k] : bounds[k + 1]].decode("utf-8", "surrogatepass"), splits[k])
 
 
 def iter_documents(corpus: CorpusConfig, stats: DecodeStats | None = None) -> Iterator[Document]:
     """The non-empty documents of a text corpus, in deterministic order, caps applied, one at a
     time: file sources are read file by file and never held whole (prepare streams over them,
-    ``data_pipeline.build``). A mixture holds its components' documents (its order is a
-    permutation of all of them).
+    ``data_pipeline.build``); a mixture's picked documents wait in a temporary spill file, not
+    in memory (``_mixture_documents``).
 
     Raises DataError (naming the source) for missing files, missing columns, malformed JSONL,
     an unreachable `hf` dataset, or no documents at all (once the inputs are exhausted).
@@ -302,7 +334,7 @@ def iter_documents(corpus: CorpusConfig, stats: DecodeStats | None = None) -> It
     if corpus.source == "mqar":
         raise DataError("source 'mqar' is generated, it has no documents")
     if corpus.source == "mixture":
-        docs = iter(_mixture_documents(corpus, stats))
+        docs = _mixture_documents(corpus, stats)
     elif corpus.source == "hf":
         docs = _hf_documents(corpus)
     else:

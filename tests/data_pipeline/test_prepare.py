@@ -193,20 +193,17 @@ def test_inputs_that_change_between_passes_are_refused(tmp_path, monkeypatch):
 def test_no_more_tokenizer_processes_than_chunks(tmp_path, monkeypatch):
     """A small corpus (one train and one val chunk: every test study, the demo's) starts two
     tokenizer processes however many CPUs are offered, not one per CPU. The real pool runs;
-    the wrapper around multiprocessing's spawn context only records its size."""
+    the wrapper around prepare's pool factory only records its size (not multiprocessing's own
+    ``get_context``, which anything else in the process may call meanwhile)."""
     import data_pipeline.build as build
 
-    real, sizes = build.mp.get_context, []
+    real, sizes = build._local_pool, []
 
-    class Recording:
-        def __init__(self, method):
-            self.ctx = real(method)
+    def recording(processes, *args):
+        sizes.append(processes)
+        return real(processes, *args)
 
-        def Pool(self, processes, *args):  # noqa: N802 - multiprocessing's name
-            sizes.append(processes)
-            return self.ctx.Pool(processes, *args)
-
-    monkeypatch.setattr(build.mp, "get_context", Recording)
+    monkeypatch.setattr(build, "_local_pool", recording)
     prep = prepare(CorpusConfig(max_documents=20), TokenizerConfig(vocab_size=512), tmp_path, num_proc=8, progress=False)
     assert [len(prep.manifest["splits"][sp]["shards"]) for sp in ("train", "val")] == [1, 1]
     assert sizes == [2]

@@ -9,8 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_pipeline import CorpusConfig, MixtureComponent, TokenizerConfig, TokenLoader, prepare
-from data_pipeline.sources import load_documents
+from data_pipeline.sources import Document, iter_documents, load_documents
 from data_pipeline.tokenizer import load_tokenizer
+from tests.helpers import write_words_corpus
 
 TOK = TokenizerConfig(vocab_size=400, byte_fallback=True)
 WORDS = (
@@ -169,3 +170,62 @@ def test_text_source_from_a_uri(tmp_path):
     (tmp_path / "d" / "sub" / "two.txt").write_text("second document")
     docs = load_documents(CorpusConfig(source="text", paths=[f"file://{tmp_path / 'd'}"]))
     assert [(d.id, d.text) for d in docs] == [("one.txt", "first document"), ("sub/two.txt", "second document")]
+
+
+def _mixture_in_memory(corpus: CorpusConfig) -> list[Document]:
+    """The list-based mixture prepare used before it streamed (the oracle): every component's
+    documents loaded, picked, permuted."""
+    pools = [load_documents(c.corpus) for c in corpus.components]
+    w = np.array([c.weight for c in corpus.components], dtype=np.float64)
+    w /= w.sum()
+    total = min(len(p) / wi for p, wi in zip(pools, w))
+    if corpus.max_documents is not None:
+        total = min(total, corpus.max_documents)
+    rng = np.random.default_rng(corpus.seed)
+    picked = []
+    for i, (pool, wi) in enumerate(zip(pools, w)):
+        n = max(1, min(len(pool), int(round(wi * total))))
+        for j in np.sort(rng.choice(len(pool), size=n, replace=False)):
+            picked.append(Document(f"{i}:{pool[j].id}", pool[j].text, pool[j].split))
+    return [picked[j] for j in rng.permutation(len(picked))]
+
+
+def _words_mixture(tmp_path, copies: int, **kw) -> CorpusConfig:
+    components = []
+    for name, weight in (("a", 2.0), ("b", 1.0)):
+        for c in range(copies):
+            d = tmp_path / name / f"c{c:02d}"
+            d.mkdir(parents=True)
+            write_words_corpus(d)
+        components.append(MixtureComponent(corpus=CorpusConfig(source="text", paths=[str(tmp_path / name)]), weight=weight))
+    return CorpusConfig(source="mixture", seed=3, components=components, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_documents": 50}])
+def test_streamed_mixture_gives_the_in_memory_mixtures_documents_in_its_order(tmp_path, kw):
+    corpus = _words_mixture(tmp_path, 2, **kw)
+    streamed = load_documents(corpus)
+    assert streamed == _mixture_in_memory(corpus) and len(streamed) == (50 if kw else 240)  # 160 of a, 80 of b: weights 2:1
+
+
+def test_iterating_a_mixture_holds_none_of_its_texts(tmp_path):
+    """A 5 MB mixture iterated one document at a time: Python's own allocations stay under
+    1 MB (ids, offsets and one document); the in-memory mixture, the negative control, holds
+    the picked texts (over 3 MB)."""
+    import tracemalloc
+
+    corpus = _words_mixture(tmp_path, 6)
+
+    def peak_mb(fn) -> float:
+        tracemalloc.start()
+        try:
+            fn()
+            return tracemalloc.get_traced_memory()[1] / 1e6
+        finally:
+            tracemalloc.stop()
+
+    chars: list[int] = []
+    streamed = peak_mb(lambda: chars.extend(len(d.text) for d in iter_documents(corpus)))
+    held = peak_mb(lambda: chars.append(len(_mixture_in_memory(corpus))))
+    assert sum(chars[:-1]) > 3_000_000  # the picked text is far larger than the bound
+    assert streamed < 1 and held > 3, (streamed, held)
