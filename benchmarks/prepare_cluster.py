@@ -40,7 +40,14 @@ ray.init(address=sys.argv[2], logging_level="ERROR")
 t0 = time.perf_counter()
 out = ray.get(prepare_tasks._prepare_task.remote(corpus, tokenizer, cache))
 wall = time.perf_counter() - t0
-tasks = list_tasks(address=sys.argv[2], filters=[("func_or_class_name", "=", "_pool_task")], detail=True, limit=10000)
+# Ray reports task events asynchronously (buffered, flushed about every second): wait for all of them.
+manifest = json.load(open(out["path"] + "/manifest.json"))
+shards = sum(len(manifest["splits"][s]["shards"]) for s in ("train", "val"))
+deadline = time.time() + 60
+while len(tasks := list_tasks(address=sys.argv[2], filters=[("func_or_class_name", "=", "_pool_task")], detail=True, limit=10000)) < shards:
+    if time.time() > deadline:
+        break
+    time.sleep(1)
 nodes = {n["NodeID"]: n["RayletSocketName"] for n in ray.nodes() if n["Alive"]}
 print(json.dumps({"tokens": out["tokens"], "wall_s": wall, "task_nodes": [nodes[t.node_id] for t in tasks]}))
 """
