@@ -29,10 +29,12 @@ from data_pipeline import CorpusConfig, TokenizerConfig
 from data_pipeline.sources import load_documents
 from tests.fixtures.cluster import LoopbackCluster
 
+REPO = Path(__file__).resolve().parents[1]  # the subprocess imports tests.helpers from here
+
 SCRIPT = """
 import json, resource, sys, time
 import ray
-from ray.util.state import list_tasks
+from tests.helpers import tokenization_task_nodes
 from orchestrator.run.driver import prepare_tasks
 
 corpus, tokenizer, cache = json.loads(sys.argv[1])
@@ -40,16 +42,9 @@ ray.init(address=sys.argv[2], logging_level="ERROR")
 t0 = time.perf_counter()
 out = ray.get(prepare_tasks._prepare_task.remote(corpus, tokenizer, cache))
 wall = time.perf_counter() - t0
-# Ray reports task events asynchronously (buffered, flushed about every second): wait for all of them.
-manifest = json.load(open(out["path"] + "/manifest.json"))
-shards = sum(len(manifest["splits"][s]["shards"]) for s in ("train", "val"))
-deadline = time.time() + 60
-while len(tasks := list_tasks(address=sys.argv[2], filters=[("func_or_class_name", "=", "_pool_task")], detail=True, limit=10000)) < shards:
-    if time.time() > deadline:
-        break
-    time.sleep(1)
+task_nodes = tokenization_task_nodes(sys.argv[2], out["path"])
 nodes = {n["NodeID"]: n["RayletSocketName"] for n in ray.nodes() if n["Alive"]}
-print(json.dumps({"tokens": out["tokens"], "wall_s": wall, "task_nodes": [nodes[t.node_id] for t in tasks]}))
+print(json.dumps({"tokens": out["tokens"], "wall_s": wall, "task_nodes": [nodes[n] for n in task_nodes]}))
 """
 
 
@@ -109,7 +104,12 @@ def run(mb: float, out: str) -> dict:
         sampler = PeakRSS()
         sampler.start()
         res = subprocess.run(
-            [sys.executable, "-c", SCRIPT, args, f"127.0.0.1:{cluster.gcs}"], env=cluster.env, capture_output=True, text=True, timeout=3600
+            [sys.executable, "-c", SCRIPT, args, f"127.0.0.1:{cluster.gcs}"],
+            cwd=REPO,
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
         )
         sampler.done.set()
         sampler.join()

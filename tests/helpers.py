@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -175,3 +176,20 @@ def prepared_digest(path: str) -> str:
             h.update(f.encode())
             h.update(open(os.path.join(path, f), "rb").read())
     return h.hexdigest()
+
+
+def tokenization_task_nodes(address: str, prepared: str, timeout_s: float = 60) -> list[str]:
+    """Node id of every tokenization task (``prepare_tasks._pool_task``) the cluster at
+    ``address`` ran, from Ray's state API, once it lists one per shard of the prepared
+    directory ``prepared`` (task events reach it asynchronously, flushed about every second)
+    or ``timeout_s`` has passed."""
+    from ray.util.state import list_tasks
+
+    manifest = json.loads((Path(prepared) / "manifest.json").read_text())
+    shards = sum(len(manifest["splits"][s]["shards"]) for s in ("train", "val"))
+    deadline = time.time() + timeout_s
+    while True:
+        tasks = list_tasks(address=address, filters=[("func_or_class_name", "=", "_pool_task")], detail=True, limit=10000)
+        if len(tasks) >= shards or time.time() > deadline:
+            return [str(t.node_id) for t in tasks]
+        time.sleep(1)

@@ -12,7 +12,7 @@ import pytest
 
 import data_pipeline.build as build
 from data_pipeline import CorpusConfig, TokenizerConfig, prepare
-from tests.helpers import prepared_digest, write_words_corpus
+from tests.helpers import REPO, prepared_digest, write_words_corpus
 
 pytestmark = pytest.mark.stack
 
@@ -21,7 +21,7 @@ CHUNK_CHARS = 20_000  # about 20 shards from the words corpus: tasks for both no
 SCRIPT = """
 import json, sys, time
 import ray
-from ray.util.state import list_tasks
+from tests.helpers import tokenization_task_nodes
 import data_pipeline.build as build
 from orchestrator.run.driver import prepare_tasks
 
@@ -38,16 +38,8 @@ def task():  # the study's prepare task, with shards small enough to make many t
 t0 = time.perf_counter()
 out = ray.get(task.remote())
 wall = time.perf_counter() - t0
-# Ray reports task events asynchronously (buffered, flushed about every second): wait for all of them.
-manifest = json.load(open(out["path"] + "/manifest.json"))
-shards = sum(len(manifest["splits"][s]["shards"]) for s in ("train", "val"))
-deadline = time.time() + 60
-while len(tasks := list_tasks(address=sys.argv[2], filters=[("func_or_class_name", "=", "_pool_task")], detail=True, limit=10000)) < shards:
-    if time.time() > deadline:
-        break
-    time.sleep(1)
+task_nodes = tokenization_task_nodes(sys.argv[2], out["path"])
 nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-task_nodes = [t.node_id for t in tasks]
 print(json.dumps({"path": out["path"], "tokens": out["tokens"], "wall_s": wall, "task_nodes": task_nodes, "nodes": nodes}))
 """
 
@@ -61,7 +53,12 @@ def test_prepare_tokenizes_on_both_nodes_and_writes_what_one_process_does(loopba
     corpus, tokenizer = CorpusConfig(source="text", paths=[str(root)]), TokenizerConfig(vocab_size=300)
     args = json.dumps([corpus.model_dump(mode="json"), tokenizer.model_dump(mode="json"), str(tmp_path / "shared"), CHUNK_CHARS])
     res = subprocess.run(
-        [sys.executable, "-c", SCRIPT, args, f"127.0.0.1:{cluster.gcs}"], env=cluster.env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", SCRIPT, args, f"127.0.0.1:{cluster.gcs}"],
+        cwd=REPO,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert res.returncode == 0, res.stderr[-4000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
