@@ -2,6 +2,9 @@
 
 import json
 import os
+import subprocess
+import sys
+import tracemalloc
 
 import numpy as np
 import pyarrow as pa
@@ -11,7 +14,7 @@ import pytest
 from data_pipeline import CorpusConfig, MixtureComponent, TokenizerConfig, TokenLoader, prepare
 from data_pipeline.sources import Document, iter_documents, load_documents
 from data_pipeline.tokenizer import load_tokenizer
-from tests.helpers import write_words_corpus
+from tests.helpers import REPO, write_words_corpus
 
 TOK = TokenizerConfig(vocab_size=400, byte_fallback=True)
 WORDS = (
@@ -208,24 +211,36 @@ def test_streamed_mixture_gives_the_in_memory_mixtures_documents_in_its_order(tm
     assert streamed == _mixture_in_memory(corpus) and len(streamed) == (50 if kw else 240)  # 160 of a, 80 of b: weights 2:1
 
 
+def _peak_mb(fn) -> float:
+    """Peak of Python's own allocations (tracemalloc, MB) while ``fn`` runs."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+
+
+def _mixture_peaks(corpus_json: str) -> None:
+    """Print the streamed and the in-memory mixture's peaks and the texts' total characters."""
+    corpus = CorpusConfig.model_validate_json(corpus_json)
+    for _ in iter_documents(corpus):  # warm-up: one-time imports and caches are not the stream's
+        pass
+    chars: list[int] = []
+    streamed = _peak_mb(lambda: chars.extend(len(d.text) for d in iter_documents(corpus)))
+    held = _peak_mb(lambda: _mixture_in_memory(corpus))
+    print(json.dumps({"streamed": streamed, "held": held, "chars": sum(chars)}))
+
+
 def test_iterating_a_mixture_holds_none_of_its_texts(tmp_path):
     """A 5 MB mixture iterated one document at a time: Python's own allocations stay under
     1 MB (ids, offsets and one document); the in-memory mixture, the negative control, holds
-    the picked texts (over 3 MB)."""
-    import tracemalloc
-
+    the picked texts (over 3 MB). Measured in a fresh interpreter: tracemalloc traces every
+    thread, and a test worker's other threads and earlier tests would be counted too."""
     corpus = _words_mixture(tmp_path, 6)
-
-    def peak_mb(fn) -> float:
-        tracemalloc.start()
-        try:
-            fn()
-            return tracemalloc.get_traced_memory()[1] / 1e6
-        finally:
-            tracemalloc.stop()
-
-    chars: list[int] = []
-    streamed = peak_mb(lambda: chars.extend(len(d.text) for d in iter_documents(corpus)))
-    held = peak_mb(lambda: chars.append(len(_mixture_in_memory(corpus))))
-    assert sum(chars[:-1]) > 3_000_000  # the picked text is far larger than the bound
-    assert streamed < 1 and held > 3, (streamed, held)
+    code = "import sys; from tests.data_pipeline.test_sources import _mixture_peaks; _mixture_peaks(sys.argv[1])"
+    out = subprocess.run([sys.executable, "-c", code, corpus.model_dump_json()], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout.splitlines()[-1])
+    assert m["chars"] > 3_000_000  # the picked text is far larger than the bound
+    assert m["streamed"] < 1 and m["held"] > 3, m
