@@ -1,9 +1,10 @@
 """model: the study's attention variants as one pure-PyTorch, single-device GPT.
 
-Attention is projection -> QK transform -> scoring kernel, so a variant swaps one middle
-stage and keeps the fused SDPA path: `standard` (identity + SDPA), `coupled` (coupled QK
+Attention is query input -> projection -> QK transform -> scoring kernel, so a variant swaps
+a stage and keeps the fused SDPA path: `standard` (identity + SDPA), `coupled` (coupled QK
 dynamics, Euler or leapfrog), `uncoupled_mlp` (q-only MLP control), `differential`
-(Differential Attention) and `coupled_differential` (both). Each variant is one entry of
+(Differential Attention), `coupled_differential` (both) and `nonlinear_q` (W_Q reads x + f(x),
+the nonlinear-query control of arXiv 2603.13381). Each variant is one entry of
 `model.registry` (its stages, options and defaults); adding one is a module plus a
 `register` call. Every module reports its parameters and `num_flops_per_token(seq_len)`
 (model FLOPs, the definition's); the model sums them, and `model.info` cross-checks the

@@ -5,7 +5,7 @@ Layout (nanoGPT / GPT-2): token + learned position embeddings, n_layer pre-Layer
 Init (`GPT.init_weights`): N(0, 0.02) for linear and embedding weights, residual output
 projections N(0, 0.02 / sqrt(2 * n_layer)) (GPT-2), LayerNorm weights 1. Each backbone
 tensor draws from its own generator seeded from (seed, parameter name), and each variant
-stage (QK transform, scoring kernel) redraws its own parameters from a generator seeded
+stage (query input, QK transform, scoring kernel) redraws its own parameters from a generator seeded
 from (seed, stage name) (`model.init`). So at one seed every variant has the same
 `tok_emb`, `pos_emb`, projections, MLPs and LM head as `standard` (all of the backbone: the
 QKV projection is d_model x 3 d_model for every variant, differential included, which
@@ -41,7 +41,7 @@ from model.init import normal_, seeded_generator
 
 __all__ = ["GPT", "MLP", "STAGES", "Block"]
 
-STAGES = ("qk_transform", "scoring")
+STAGES = ("query_input", "qk_transform", "scoring")
 """The attention sub-modules a variant swaps (`model.registry`); the rest is the backbone."""
 
 

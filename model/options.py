@@ -29,3 +29,17 @@ class CoupledOptions(DynamicsOptions):
     """`DynamicsOptions` plus integrator: "euler" or "leapfrog"."""
 
     integrator: Literal["euler", "leapfrog"] = "euler"
+
+
+class NonlinearQOptions(BaseModel):
+    """Options of `nonlinear_q` (`model.query.ResidualQueryMLP`), with their defaults.
+
+    bottleneck: the hidden width r of f (d_model -> r -> d_model). None: the width whose
+    parameters come nearest what coupled adds at its default options
+    (`model.stage_counts.matched_bottleneck`), so the control costs what coupled costs; the
+    paper's own setting is r = d_model / 2 (d^2 + O(d) parameters per layer).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bottleneck: int | None = Field(default=None, gt=0)

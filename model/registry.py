@@ -1,18 +1,19 @@
 """Variant registry: the one table that turns a variant name into model code.
 
-Attention is projection -> QK transform -> scoring -> output projection (`model.attention`);
-a variant swaps the QK transform, the scoring kernel, or both. Each variant is one `Variant`
-entry: its name, the factories of the stages it swaps (None keeps standard attention's:
-`IdentityQK`, `SDPAScoring`), the options it accepts with their types and defaults (a
+Attention is query input -> projection -> QK transform -> scoring -> output projection
+(`model.attention`); a variant swaps the query input, the QK transform, the scoring kernel, or
+several. Each variant is one `Variant` entry: its name, the factories of the stages it swaps
+(None keeps standard attention's: `IdentityQuery`, `IdentityQK`, `SDPAScoring`), the options it accepts with their types and defaults (a
 pydantic model), and whether it pairs heads. Adding a variant is one module holding its
 stages plus one `register(Variant(...))` (built-ins: the calls at the end of this file);
 config validation, `build_config`, the attention layer and the counts all read this table.
 
 The stage contract the rest of `model/` relies on:
+* query input: forward(x) -> x_q, both [B, T, d_model]: what W_Q reads (W_K, W_V read x).
 * QK transform: forward(q, k) -> (q', k'), all [B, T, n_head, head_dim].
 * scoring: forward(q, k, v) -> [B, T, d_model], with q, k [B, T, n_head, head_dim] and
   v [B, T, d_model]; attention_map(q, k, lam=None) -> maps [B, heads, T, T] (diagnostics).
-* both: num_flops_per_token(seq_len) -> forward model FLOPs per token (matmuls only, the
+* all: num_flops_per_token(seq_len) -> forward model FLOPs per token (matmuls only, the
   definition's, DESIGN.md); optionally executed_flops_per_token(seq_len) where a kernel runs
   more than the definition (a separate number, never in budgets); reset_parameters(generator)
   if the stage has parameters (`GPT` calls it with the stage's own generator, `model.init`).
@@ -33,8 +34,15 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from model.options import CoupledOptions, DynamicsOptions
-from model.stage_counts import Contributions, coupled_counts, coupled_differential_counts, differential_counts, uncoupled_counts
+from model.options import CoupledOptions, DynamicsOptions, NonlinearQOptions
+from model.stage_counts import (
+    Contributions,
+    coupled_counts,
+    coupled_differential_counts,
+    differential_counts,
+    nonlinear_q_counts,
+    uncoupled_counts,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -70,8 +78,8 @@ class NoOptions(BaseModel):
 class Variant:
     """One attention variant (module docstring).
 
-    qk_transform(cfg) and scoring(cfg, depth) build the swapped stages (depth = 0-based layer
-    index); options is a pydantic model whose fields are the accepted options and defaults.
+    query_input(cfg), qk_transform(cfg) and scoring(cfg, depth) build the swapped stages
+    (depth = 0-based layer index); options is a pydantic model whose fields are the accepted options and defaults.
     paired_heads: the variant groups heads in pairs, so n_head must be even.
     counts(cfg): what the stages add to standard attention over all layers, by arithmetic
     (`model.stage_counts`; torch-free, what the planner uses); None: counted on the built stages.
@@ -84,6 +92,13 @@ class Variant:
     scoring: Callable[[ModelConfig, int], nn.Module] | None = None
     paired_heads: bool = False
     counts: Callable[[ModelConfig], Contributions] | None = None
+    query_input: Callable[[ModelConfig], nn.Module] | None = None
+
+    def make_query_input(self, cfg: ModelConfig) -> nn.Module:
+        """The variant's query-input stage for cfg (`IdentityQuery` if it keeps standard's)."""
+        from model.query import IdentityQuery
+
+        return IdentityQuery() if self.query_input is None else self.query_input(cfg)
 
     def make_qk_transform(self, cfg: ModelConfig) -> nn.Module:
         """The variant's QK transform for cfg (`IdentityQK` if it keeps standard's)."""
@@ -100,7 +115,7 @@ class Variant:
     def analytic_contributions(self, cfg: ModelConfig) -> Contributions | None:
         """`counts(cfg)` (zero for a variant that swaps no stage), or None when the variant
         swaps a stage and gives no counts (then only `contributions` can tell)."""
-        if self.qk_transform is None and self.scoring is None:
+        if self.query_input is None and self.qk_transform is None and self.scoring is None:
             return Contributions(0, 0, 0)
         return self.counts(cfg) if self.counts is not None else None
 
@@ -121,7 +136,7 @@ class Variant:
         n = flops = executed = 0
         with torch.device("meta"), NoInitOnMeta():
             for depth in range(cfg.n_layer):
-                stages = (self.make_qk_transform(cfg), self.make_scoring(cfg, depth))
+                stages = (self.make_query_input(cfg), self.make_qk_transform(cfg), self.make_scoring(cfg, depth))
                 n += sum(p.numel() for s in stages for p in s.parameters())
                 flops += sum(stage_flops(s, T) for s in stages) - base
                 executed += sum(stage_flops(s, T, executed=True) for s in stages) - base
@@ -223,5 +238,14 @@ register(
         scoring=_DIFFERENTIAL,
         paired_heads=True,
         counts=coupled_differential_counts,
+    )
+)
+register(
+    Variant(
+        "nonlinear_q",
+        "control: W_Q reads x + f(x), f a bottleneck MLP (zero at init), then SDPA",
+        NonlinearQOptions,
+        counts=nonlinear_q_counts,
+        query_input=lazy("model.query:nonlinear_query"),
     )
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from model.options import CoupledOptions, DynamicsOptions
+from model.options import CoupledOptions, DynamicsOptions, NonlinearQOptions
 
 if TYPE_CHECKING:
     from model.config import ModelConfig
@@ -63,3 +63,22 @@ def coupled_differential_counts(cfg: ModelConfig) -> Contributions:
     """Coupled dynamics, then differential scoring: the sum of both stages' counts."""
     a, b = coupled_counts(cfg), differential_counts(cfg)
     return Contributions(*(x + y for x, y in zip(a, b)))
+
+
+def matched_bottleneck(cfg: ModelConfig) -> int:
+    """The bottleneck r of `nonlinear_q` whose f (2 d r + r + d parameters per layer, d =
+    d_model) comes nearest what coupled adds per layer at its default options (f of
+    head_dim -> head_dim -> head_dim with biases, and one dt per head: 2 hd^2 + 2 hd + H):
+    r = max(1, round((P - d) / (2 d + 1))). At 60m (d 512, hd 64, H 8): P = 8,328, r = 8."""
+    per_layer = dynamics_counts(cfg, DynamicsOptions(), 1).n_params // cfg.n_layer
+    d = cfg.d_model
+    return max(1, round((per_layer - d) / (2 * d + 1)))
+
+
+def nonlinear_q_counts(cfg: ModelConfig) -> Contributions:
+    """The nonlinear query (`model.query.ResidualQueryMLP`): f = d_model -> r -> d_model with
+    biases, per layer, 2 d r + r + d parameters; forward 2 (2 d r) FLOPs per token (its two
+    matmuls; W_Q reads x + f(x) at standard's cost, the residual add is elementwise)."""
+    d, L = cfg.d_model, cfg.n_layer
+    r = NonlinearQOptions(**cfg.options).bottleneck or matched_bottleneck(cfg)
+    return Contributions(L * (2 * d * r + r + d), L * 4 * d * r, L * 4 * d * r)

@@ -28,7 +28,7 @@ def test_differential_needs_even_heads():
 
 
 def test_every_variant_has_an_option_list_and_presets_default_to_32k_vocab():
-    assert list(VARIANTS) == ["standard", "coupled", "uncoupled_mlp", "differential", "coupled_differential"]
+    assert list(VARIANTS) == ["standard", "coupled", "uncoupled_mlp", "differential", "coupled_differential", "nonlinear_q"]
     assert set(REGISTRY) == set(VARIANTS) and all(REGISTRY[v].options is not None for v in VARIANTS)
     assert CONFIG_FIELDS == set(ModelConfig.model_fields)  # option names may not reuse these
     assert build_config("cpu-s", "standard").vocab_size == 32_000

@@ -11,6 +11,7 @@ import pytest
 from model import PRESETS, VARIANTS, build_config, count_model
 from model.counts import count_instantiated
 from model.gpt import GPT
+from model.stage_counts import matched_bottleneck
 
 OPTION_GRID = {
     "coupled": [
@@ -22,6 +23,7 @@ OPTION_GRID = {
     ],
 }
 OPTION_GRID["coupled_differential"] = OPTION_GRID["coupled"]
+OPTION_GRID["nonlinear_q"] = [dict(bottleneck=r) for r in (None, 1, 33, 256)]
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -93,3 +95,15 @@ def test_counting_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_nonlinear_q_is_parameter_matched_to_coupled_by_default(preset):
+    """The default bottleneck r puts nonlinear_q's parameters within half a step of r (2d + 1
+    per layer) of what coupled adds at its defaults; r = 8 at 60m (d 512)."""
+    std, cpl, nlq = (count_model(build_config(preset, v, vocab_size=512)).n_params for v in ("standard", "coupled", "nonlinear_q"))
+    L, d, r = PRESETS[preset].n_layer, PRESETS[preset].d_model, matched_bottleneck(build_config(preset, "nonlinear_q"))
+    assert abs((nlq - std) - (cpl - std)) <= L * (2 * d + 1) / 2
+    assert nlq - std == L * (2 * d * r + r + d)
+    if preset == "60m":
+        assert r == 8

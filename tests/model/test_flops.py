@@ -34,6 +34,7 @@ def test_analytic_flops_agree_with_flop_counter(preset, seq_len, variant):
         ("coupled", dict(integrator="leapfrog", n_steps=4, coupling_sharing="head", coupling_hidden=48)),
         ("uncoupled_mlp", dict(n_steps=3, coupling_sharing="head")),
         ("coupled_differential", dict(integrator="euler", n_steps=2, coupling_hidden=16)),
+        ("nonlinear_q", dict(bottleneck=64)),
     ],
 )
 def test_analytic_flops_agree_with_flop_counter_for_options(variant, options):
@@ -77,6 +78,7 @@ GRID += [
     for n, s, h in itertools.product((1, 2, 3), ("layer", "head"), (None, 48))
 ]
 GRID += [("coupled_differential", dict(n_steps=n, integrator=i)) for n, i in itertools.product((1, 3), ("euler", "leapfrog"))]
+GRID += [("nonlinear_q", dict(bottleneck=r)) for r in (None, 1, 7, 64)]
 
 
 @pytest.mark.parametrize("variant, options", GRID)

@@ -82,7 +82,7 @@ def test_toy_variant_errors_name_allowed_values(toy):
 
 
 def test_unknown_variant_and_option_errors_list_allowed_values():
-    allowed = "standard, coupled, uncoupled_mlp, differential, coupled_differential"
+    allowed = "standard, coupled, uncoupled_mlp, differential, coupled_differential, nonlinear_q"
     with pytest.raises(ValueError, match=f"unknown variant 'fancy'; allowed: {allowed}$"):
         build_config("cpu-xs", "fancy")
     with pytest.raises(ValueError, match="unknown variant 'fancy'"):

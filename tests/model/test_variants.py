@@ -16,6 +16,7 @@ OPTION_SETS = [
     ("uncoupled_mlp", dict(n_steps=2, coupling_sharing="head")),
     ("differential", {}),
     ("coupled_differential", dict(integrator="leapfrog", n_steps=2)),
+    ("nonlinear_q", dict(bottleneck=16)),
 ]
 
 
@@ -69,6 +70,7 @@ PAIRED = [
     ("uncoupled_mlp", {}),
     ("differential", {}),
     ("coupled_differential", {}),
+    ("nonlinear_q", {}),
 ]
 
 
@@ -181,3 +183,40 @@ def test_every_variant_learns_a_fixed_batch(make_model, variant):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def _reference_query(attn, x: torch.Tensor) -> torch.Tensor:
+    """q' = W_Q (x + f(x)), f(x) = w2 gelu(w1 x + b1) + b2, written out from the definition."""
+    f = attn.query_input
+    fx = F.gelu(x @ f.w1.T + f.b1) @ f.w2.T + f.b2
+    return (x + fx) @ attn.qkv.weight[: attn.d_model].T
+
+
+def test_nonlinear_q_starts_as_standard_attention_and_computes_its_definition(make_model):
+    """f is zero at init, so the first forward is standard attention's at the same seed; with f
+    made non-zero (the negative control) it differs, and the queries are W_Q (x + f(x)) while
+    keys and values stay W_K x, W_V x."""
+    model = make_model("nonlinear_q", seed=4)
+    idx = torch.randint(0, VOCAB, (2, 32))
+    torch.testing.assert_close(model(idx)[0], _as_standard(model)(idx)[0], rtol=1e-6, atol=1e-7)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.query_input.w2.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    assert not torch.allclose(model(idx)[0], _as_standard(model)(idx)[0], atol=1e-4)
+    attn, x = model.blocks[0].attn, torch.randn(2, 8, model.cfg.d_model, generator=torch.Generator().manual_seed(2))
+    q, k, v = attn._qkv(x)
+    torch.testing.assert_close(q.reshape(2, 8, -1), _reference_query(attn, x), rtol=1e-5, atol=1e-6)
+    d = attn.d_model
+    torch.testing.assert_close(torch.cat([k.reshape(2, 8, -1), v], -1), x @ attn.qkv.weight[d:].T, rtol=1e-5, atol=1e-6)
+
+
+def test_nonlinear_q_output_weight_learns_from_the_first_step(make_model):
+    """With w2 = 0 the first backward reaches w2 and b2 (their inputs are non-zero) but not w1,
+    b1 (their gradient passes through w2): like a LoRA adapter's zero matrix."""
+    model = make_model("nonlinear_q").train()
+    idx = torch.randint(0, VOCAB, (2, 32))
+    model(idx, idx)[1].backward()
+    for block in model.blocks:
+        f = block.attn.query_input
+        assert f.w2.grad.abs().sum() > 0 and f.b2.grad.abs().sum() > 0
+        assert torch.equal(f.w1.grad, torch.zeros_like(f.w1)) and torch.equal(f.b1.grad, torch.zeros_like(f.b1))
