@@ -16,11 +16,13 @@ content hash names).
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rich.console import Console
 
 from orchestrator.plan.contract import RunSpec
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["CorpusError", "check_data_fits", "find_unigrams", "prepare_data", "record_unigrams"]
 
 
-@ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
+@ray.remote(num_cpus=1)
 def _pool_task(init: tuple[Callable[..., None], tuple], func: Callable, args: tuple) -> Any:
     initializer, initargs = init
     initializer(*initargs)  # a SentencePiece model from its proto: milliseconds, beside a chunk's encode
@@ -53,19 +55,39 @@ class _TaskResult:
         return ray.get(self.ref)
 
 
+def node_turns(cpus: Mapping[str, float]) -> list[str]:
+    """One round of a weighted round-robin over nodes: node id -> CPUs in, a list in which each
+    node appears once per whole CPU, its turns evenly spaced (smooth: {a: 2, b: 1} gives
+    a, b, a, not a, a, b), ties in the mapping's order. Raises ValueError on no CPUs at all."""
+    turns = sorted((j / int(n), k, node) for k, (node, n) in enumerate(cpus.items()) for j in range(int(n)))
+    if not turns:
+        raise ValueError("no node has a whole CPU to take a turn")
+    return [node for _, _, node in turns]
+
+
+def _cpu_nodes() -> dict[str, float]:
+    """Alive nodes with CPUs: node id -> CPUs."""
+    return {n["NodeID"]: n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0}
+
+
 class ClusterPool:
     """``data_pipeline.build.PoolFactory`` over Ray tasks: each ``apply_async`` is one task of
-    one CPU, spread over the cluster's nodes (SPREAD), that runs the initializer, then the
-    function (for prepare: encode a chunk of documents and write its shard into the shared
-    cache). Tasks, not a pool of actors: a busy cluster makes them wait their turn, where actors
-    that must all start before any works could wait on each other."""
+    one CPU (for prepare: encode a chunk of documents and write its shard into the shared
+    cache), pinned in turn to the cluster's nodes, each as often as it has CPUs (``node_turns``).
+    Ray's SPREAD hint does not spread short tasks: the owner reuses the worker it already leased
+    for the next task of the same kind, so chunks of a fast corpus all ran on the first node.
+    The pin is soft: a node gone by then runs its task elsewhere. Tasks, not a pool of actors:
+    a busy cluster makes them wait their turn, where actors that must all start before any
+    works could wait on each other."""
 
     def __init__(self, processes: int, initializer: Callable[..., None], initargs: tuple) -> None:
         self.processes = processes
         self.init = ray.put((initializer, initargs))  # once in the object store, not once per task
+        self.turns = itertools.cycle(node_turns(_cpu_nodes()))
 
     def apply_async(self, func: Callable, args: tuple = ()) -> _TaskResult:
-        return _TaskResult(_pool_task.remote(self.init, func, args))
+        where = NodeAffinitySchedulingStrategy(next(self.turns), soft=True)
+        return _TaskResult(_pool_task.options(scheduling_strategy=where).remote(self.init, func, args))
 
     def __enter__(self) -> ClusterPool:
         return self
@@ -78,9 +100,9 @@ def tokenizer_processes() -> tuple[int, PoolFactory | None]:
     """(processes, pool) for a prepare run inside a Ray task: on a cluster of two or more nodes
     with CPUs, their CPUs in all, as Ray tasks (``ClusterPool``); on one node the CPUs this
     process may use, in local processes (no task scheduling to pay per chunk)."""
-    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
+    nodes = _cpu_nodes()
     if len(nodes) > 1:
-        return int(sum(n["Resources"]["CPU"] for n in nodes)), ClusterPool
+        return int(sum(nodes.values())), ClusterPool
     return len(os.sched_getaffinity(0)), None
 
 
