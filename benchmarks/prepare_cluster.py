@@ -134,7 +134,7 @@ Machine: {machine_description()}; load average {load:.1f} at start. Command:
 `python -m benchmarks.prepare_cluster --mb {mb:g}`: a Ray head and a worker node on 127.0.0.1
 (2 logical CPUs each, one machine's 2 cores), the stdlib corpus's documents copied to
 {nbytes:,} bytes, the study's prepare task (`prepare_tasks._prepare_task`, BPE 2048) with its
-tokenization tasks (one per shard of about 1 MiB of text) spread over both nodes (SPREAD). Peak RSS sampled from /proc
+tokenization tasks (one per shard of about 1 MiB of text) pinned to both nodes in turn. Peak RSS sampled from /proc
 every 0.2 s.
 
 | measurement | value |
