@@ -435,6 +435,57 @@ def model_info_cmd(
             out.print(f"{k:28s} {v:,}" if isinstance(v, int) else f"{k:28s} {v}")
 
 
+def _option_pairs(pairs: list[str]) -> dict[str, object]:
+    """KEY=VALUE strings -> options, each value read as YAML (3 -> int, leapfrog -> str)."""
+    import yaml
+
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {pair!r}: expected KEY=VALUE, e.g. --option n_steps=3")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+@model_app.command("check")
+def model_check_cmd(
+    variant: str = typer.Argument(..., help="Model variant (a built-in, or a plug-in's with --plugin)."),
+    preset: str = typer.Option("cpu-xs", help="Scale preset whose shape is checked."),
+    seq_len: int | None = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
+    option: list[str] = typer.Option([], "--option", help="A variant option as KEY=VALUE (repeatable)."),
+    seed: int = typer.Option(0, min=0, help="Seed of the models compared."),
+    plugin: list[str] = typer.Option([], "--plugin", help="A plug-in module to load first, from this folder or installed (repeatable)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Every check the built-in variants pass, on one variant: stage shapes, finite forward and
+    backward with a gradient for every parameter, causality, seeded and paired initial weights,
+    analytic counts against the built model, executed FLOPs against FlopCounterMode.
+    Exits 1 if a check fails, 2 on an unknown preset, variant or option."""
+    from model.check import check_variant
+    from model.plugins import load_entry_points, load_plugin
+
+    try:
+        load_entry_points()
+        for module in plugin:
+            load_plugin(module, Path.cwd(), check=False)  # the table below is the check
+        results = check_variant(variant, preset, seq_len=seq_len, seed=seed, **_option_pairs(option))
+    except ValueError as e:
+        print_error(str(e))
+        raise typer.Exit(EXIT_INPUT) from None
+    if as_json:
+        print(json.dumps([r._asdict() for r in results], indent=2))
+    else:
+        from rich.table import Table
+
+        table = Table("check", "result", "detail", title=f"{variant} at {preset}")
+        for r in results:
+            table.add_row(r.name, {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "n/a"}[r.ok], escape(r.detail))
+        out.print(table)
+    if any(r.ok is False for r in results):
+        raise typer.Exit(EXIT_FAILED)
+
+
 register_weight_commands(app, input_errors)  # qkstudy eval, qkstudy sample
 
 if __name__ == "__main__":  # pragma: no cover

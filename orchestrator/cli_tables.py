@@ -119,8 +119,9 @@ def status_table(name: str, uri: str, rows: list[dict[str, Any]], lease: str = "
 
 
 def plan_rows(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: dict[str, CorpusSize]) -> list[dict[str, Any]]:
-    """``qkstudy plan --json``: one mapping per run (ids, counts, budget, epochs, estimated
-    bytes per device, device-hours; None where unknown)."""
+    """``qkstudy plan --json``: one mapping per run (ids, counts, budget, its plug-in's module,
+    version, source hash and path, epochs, estimated bytes per device, device-hours; None where
+    unknown or not a plug-in's)."""
     hours, _ = plan_hours(study, runs, throughput)
     return [
         {
@@ -136,6 +137,7 @@ def plan_rows(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: d
             "steps": r.steps,
             "total_flops": r.total_flops,
             "data_hash": r.data_hash,
+            "plugin": r.plugin,
             "epochs": epochs(r, sizes),
             "epochs_source": sizes[r.corpus_name].source,
             "memory_bytes_per_device": memory.estimate(r).total,

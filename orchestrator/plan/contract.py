@@ -102,6 +102,9 @@ class RunSpec(BaseModel):
     trunk: str | None = None
     branch_step: int | None = None
     branch_points: list[int] = Field(default_factory=list)
+    # A plug-in variant's module (``model.plugins.Plugin``): module, version, source_hash (in
+    # the identity) and path (its file or folder, sent to the workers as a py_module).
+    plugin: dict[str, Any] | None = None
 
     @property
     def run_name(self) -> str:

@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 from model import ModelCounts, count_model
+from model.plugins import plugin_of
 from orchestrator.plan.branch_runs import BranchFamily, branch_family
 from orchestrator.plan.contract import IDENTITY_VERSION, PlanError, RunSpec, TrainRecipe, run_identity
 from orchestrator.plan.custom_scales import scale_config, scale_recipe
@@ -263,6 +264,9 @@ def _run_spec(
     }
     if branch is not None:
         identity["branch"] = {"protocol": "branches", **branch}
+    plugin = plugin_of(v.model_variant)
+    if plugin is not None:  # changed plug-in code is a new run; built-in ids are unchanged
+        identity["plugin"] = plugin.identity()
     tokens = steps * train.tokens_per_step
     return RunSpec(
         study=study.name,
@@ -290,6 +294,7 @@ def _run_spec(
         corpus=corpus,
         tokenizer=study.tokenizer.model_dump(mode="json"),
         resources=study.resources,
+        plugin=None if plugin is None else {**plugin.identity(), "path": plugin.path},
         **extra,
         **(branch or {}),
     )

@@ -18,6 +18,7 @@ from typing import Any, Literal, NoReturn
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from data_pipeline import CorpusConfig, TokenizerConfig
+from model.plugins import PluginError, load_entry_points, load_plugin
 from orchestrator.plan import recipe
 from orchestrator.plan.branches import Protocol, protocol_problems
 from orchestrator.plan.devices import PEAK_FLOPS, peak_flops_of
@@ -248,10 +249,13 @@ class Study(_Strict):
     entries as written are ``scale_entries``. ``protocol``: ``independent`` (every reference
     budget trained from scratch) or ``branches`` (cooldowns of one WSD trunk,
     ``orchestrator.plan.branches``). ``tune``: a per-(variant, scale) LR grid
-    (``orchestrator.plan.tuning``); it replaces every fixed peak LR.
+    (``orchestrator.plan.tuning``); it replaces every fixed peak LR. ``plugins``: modules of
+    plug-in variants (``model.plugins``), importable from the spec's folder or installed;
+    loaded by ``parse_spec`` before the variants are validated.
     """
 
     name: str
+    plugins: list[str] = Field(default_factory=list)
     description: str = ""
     # One corpus, or several by name (a corpus-sensitivity study); default: the CPython stdlib.
     corpus: CorpusConfig | None = None
@@ -429,11 +433,34 @@ def parse_spec(data: Any, path: str | Path = "<spec>", layers: list[Layer] | Non
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
         raise SpecError(path, [("", f"the spec is {kind}; expected a YAML mapping with name, scales, variants, budget")])
+    _load_plugins(data, path, layers)
     try:
         study = Study.model_validate(data)
     except ValidationError as e:
         _raise(path, validation_problems(e, Study), layers)
     return study
+
+
+def _load_plugins(data: dict[str, Any], path: str | Path, layers: list[Layer] | None) -> None:
+    """Load the installed plug-ins (entry points) and the spec's ``plugins`` (from the spec's
+    folder first), so that its variants validate against them; a plug-in that cannot be
+    loaded is a problem of the ``plugins`` field (or of the installed package's entry point)."""
+    problems: list[tuple[Loc, str]] = []
+    try:
+        load_entry_points()
+    except PluginError as e:
+        problems.append((("plugins",), f"installed plug-in (entry point group qkstudy.variants): {e}"))
+    names = data.get("plugins")
+    folder = Path(path).parent if str(path) != "<spec>" else None
+    for i, name in enumerate(names if isinstance(names, list) else []):
+        if not isinstance(name, str):
+            continue  # the field's own validation says so
+        try:
+            load_plugin(name, folder)
+        except PluginError as e:
+            problems.append((("plugins", i), str(e)))
+    if problems:
+        _raise(path, problems, layers)
 
 
 def load_spec(path: str | Path) -> Study:

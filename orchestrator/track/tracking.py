@@ -237,6 +237,8 @@ def create_run(client: MlflowClient, experiment_id: str, spec: Any, extra_params
         "zero_stage": spec.resources.zero_stage,
         "workers": spec.resources.workers,
         **{f"model.{k}": v for k, v in spec.model.items()},
+        # a plug-in variant's code, as its run id names it (model.plugins)
+        **{f"plugin.{k}": v for k, v in (getattr(spec, "plugin", None) or {}).items() if k != "path"},
         **(extra_params or {}),
     }
     _log_params(client, run.info.run_id, params)

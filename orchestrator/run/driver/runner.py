@@ -32,6 +32,7 @@ from typing import Any
 import ray
 from rich.console import Console
 
+from model.plugins import py_modules
 from orchestrator.plan.contract import RunSpec
 from orchestrator.run.driver.leasing import study_lease
 from orchestrator.run.driver.packing import Pack, fit_pack, launch_order, make_packs, pack_items
@@ -55,7 +56,7 @@ from orchestrator.run.driver.records import (
     supersede_replaced,
 )
 from orchestrator.run.progress import StudyProgress, board_name, get_board, on_driver_node
-from orchestrator.track.lease import STUDY_LEASE, Lease
+from orchestrator.track.lease import JOB_ID_ENV, STUDY_LEASE, Lease
 from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_QUEUED, create_run, redact_uri, set_status
 
@@ -78,8 +79,13 @@ class StudyResult:
 DASHBOARD_ENV = "QKSTUDY_RAY_DASHBOARD"
 
 
-def init_ray(address: str | None = None, verbose: bool = False) -> None:
+def init_ray(address: str | None = None, verbose: bool = False, plugins: list[str] | None = None) -> None:
     """Join ``address`` (or RAY_ADDRESS), else start a local Ray; no-op when connected.
+
+    ``plugins``: files and folders of local plug-in variants (``model.plugins.py_modules``),
+    shipped to every worker of this driver's job as Ray's ``runtime_env.py_modules`` (Ray takes
+    local paths only for a whole job). Inside a submitted job they already travel in the job's
+    runtime env (``run.driver.submit``).
 
     A local Ray starts without its dashboard unless ``QKSTUDY_RAY_DASHBOARD=1``: nothing here
     uses it (job submission targets a cluster's own head), and its head processes cost about
@@ -89,6 +95,7 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
     # "local": a fresh local Ray even if a stale `ray start` left its address file behind.
     target = address or os.environ.get("RAY_ADDRESS") or "local"
     dashboard = os.environ.get(DASHBOARD_ENV) == "1" if target == "local" else None  # None: a cluster's own choice
+    runtime_env = {"py_modules": plugins} if plugins and not os.environ.get(JOB_ID_ENV) else None
     ray.init(
         address=target,
         namespace="qkstudy",
@@ -96,6 +103,7 @@ def init_ray(address: str | None = None, verbose: bool = False) -> None:
         configure_logging=verbose,
         logging_level=logging.INFO if verbose else logging.ERROR,
         include_dashboard=dashboard,
+        runtime_env=runtime_env,
     )
     if target == "local":  # a kill -9 of this driver would leave two Ray agents running (run.ray_reaper)
         from orchestrator.run.driver.ray_reaper import start_reaper
@@ -177,7 +185,7 @@ def _run_leased(
         record_unigrams(tracking_uri, study_name, find_unigrams(runs, console), console)
         result.wall_s = time.time() - t0
         return result
-    init_ray(address, verbose)
+    init_ray(address, verbose, py_modules([r.plugin for r in runs]))
     timeline.mark("ray")
     growth = cluster_growth(declared)
     if growth is not None:

@@ -29,10 +29,12 @@ import shlex
 import string
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from model.plugins import load_plugin, py_modules
 from orchestrator.plan.spec import SpecError, Study, load_spec
 from orchestrator.track.lease import JOB_ID_ENV
 from orchestrator.track.tracking import redact_uri
@@ -215,6 +217,9 @@ def build_job(
         except ValueError:
             raise SpecError(spec_path, [("", f"the spec must be inside the uploaded working dir {wd}")]) from None
         runtime_env.update(working_dir=str(wd), excludes=list(EXCLUDES))
+        # the spec's local plug-ins: importable by name on every node of the job (loaded by load_spec)
+        if local := py_modules([asdict(load_plugin(m)) for m in study.plugins]):
+            runtime_env["py_modules"] = local
     else:
         rel = spec_abs
     entrypoint = shell_join(["python", "-m", "orchestrator.cli", "run", rel.as_posix()])

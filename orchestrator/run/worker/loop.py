@@ -103,9 +103,12 @@ class RunLoop:
 
         from data_pipeline import TokenLoader
         from model import GPT, ModelConfig
+        from model.plugins import load_planned
 
         self.timeline.mark("worker_imports")
         r, t = self.run, self.run.train
+        if r.plugin is not None:  # a plug-in variant registers itself on import
+            load_planned(r.plugin)
         torch.manual_seed(r.seed)
         model = GPT(ModelConfig(**r.model), seed=r.seed)  # same seed: same shared weights in every variant
         self.timeline.mark("model")

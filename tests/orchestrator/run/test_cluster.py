@@ -1,16 +1,20 @@
 """A real two-node Ray cluster on loopback (`ray start --head`, then `ray start --address`):
 `qkstudy submit` sends a tiny study through the Job Submission API, every run finishes in
-MLflow, and resubmitting trains nothing new."""
+MLflow, and resubmitting trains nothing new; a plug-in variant's study travels with its job."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
+
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
@@ -110,3 +114,26 @@ def test_submit_refuses_plain_http_to_remote_host(tmp_path):
     (tmp_path / "s.yaml").write_text(SPEC.format(workdir=tmp_path / "w"))
     res = _qk("submit", "s.yaml", "--address", "http://203.0.113.7:8265", cwd=tmp_path, env=dict(os.environ))
     assert res.returncode == 2 and "refusing to submit" in res.stderr
+
+
+def test_submit_a_plug_in_study_to_the_two_node_cluster(cluster):
+    """The spec and its plug-in one folder below the uploaded working dir: neither the job's
+    working dir nor the nodes' environment has the module, only the job's ``py_modules``."""
+    url, env, tmp = cluster
+    upload = tmp / "plugin-upload"
+    (upload / "exp").mkdir(parents=True)
+    shutil.copytree(REPO / "examples" / "gated_qk" / "qkstudy_gated_qk", upload / "exp" / "qkstudy_gated_qk")
+    spec = yaml.safe_load(SPEC.format(workdir=tmp / "plugin-work"))
+    spec.update(name="plugin-cluster", plugins=["qkstudy_gated_qk"], variants=["standard", "gated_qk"])
+    (upload / "exp" / "plug.yaml").write_text(yaml.safe_dump(spec))
+    env = {**env, "QKSTUDY_CACHE": str(tmp / "cache")}
+    res = _qk("submit", "exp/plug.yaml", "--address", url, cwd=upload, env=env)
+    assert res.returncode == 0, res.stderr
+    status, logs = _wait(url, res.stdout.strip(), env, upload)
+    assert status == "SUCCEEDED", logs[-4000:]
+    c = MlflowClient(f"sqlite:///{tmp / 'plugin-work' / 'mlflow.db'}")
+    runs = c.search_runs([c.get_experiment_by_name("plugin-cluster").experiment_id], "tags.`qkstudy.kind` = 'train'")
+    by_variant = {r.data.tags["variant"]: r for r in runs}
+    assert set(by_variant) == {"standard", "gated_qk"}
+    assert all(r.data.tags["status"] == "finished" and r.data.metrics["tokens"] == 10240 for r in runs)
+    assert by_variant["gated_qk"].data.params["plugin.module"] == "qkstudy_gated_qk"
