@@ -1,5 +1,6 @@
-"""Causal self-attention assembled from stages: query input -> projection -> QK transform ->
-scoring -> output projection.
+"""Causal self-attention assembled from stages: query input -> projection -> [QK-norm] ->
+[RoPE before] QK transform [RoPE after] -> scoring -> output projection (the bracketed parts
+per the config's `model.config.Architecture`; GPT-2's layout has none of them).
 
 A variant swaps the query input (`model.query`), the QK transform (`model.coupled`) and/or the
 scoring kernel (`model.scoring`), as its `model.registry` entry says; the QKV projection
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
+from model.layers import RMS_EPS, Rotary
 from model.query import IdentityQuery
 from model.registry import ScoringStage, get_variant, stage_flops
 
@@ -49,6 +51,11 @@ class CausalSelfAttention(nn.Module):
         self.qk_transform: nn.Module = variant.make_qk_transform(cfg)
         self.scoring: nn.Module = variant.make_scoring(cfg, depth)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        # backbone, not a stage: the same in every variant of one architecture
+        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=RMS_EPS) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=RMS_EPS) if cfg.qk_norm else None
+        self.rotary = Rotary(cfg) if cfg.positions == "rope" else None
+        self.rope_first = cfg.rope_at == "before_transform"
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
@@ -56,7 +63,13 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x, x_q).split(self.d_model, dim=2)
         q = q.view(B, T, self.n_head, self.head_dim)
         k = k.view(B, T, self.n_head, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None and self.rope_first:
+            q, k = self.rotary(q, k)
         q, k = self.qk_transform(q, k)
+        if self.rotary is not None and not self.rope_first:
+            q, k = self.rotary(q, k)
         return q, k, v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

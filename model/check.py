@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import nn
 
-from model.config import ModelConfig
+from model.config import Architecture, ModelConfig
 from model.counts import count_instantiated, count_model
 from model.gpt import GPT, STAGES
 from model.info import check_flop_delta
@@ -55,9 +55,17 @@ class CheckResult(NamedTuple):
     detail: str
 
 
-def check_variant(variant: str, preset: str = "cpu-xs", seq_len: int | None = None, seed: int = 0, **options: Any) -> list[CheckResult]:
+def check_variant(
+    variant: str,
+    preset: str = "cpu-xs",
+    seq_len: int | None = None,
+    seed: int = 0,
+    architecture: Architecture | None = None,
+    **options: Any,
+) -> list[CheckResult]:
     """Run every check (module docstring) on `variant` at `preset` (vocabulary `CHECK_VOCAB`,
-    context seq_len or the preset's) with its options.
+    context seq_len or the preset's, the backbone layout ``architecture``, default GPT-2's)
+    with its options.
 
     Raises ValueError for an unknown preset, variant or option (`model.presets.build_config`).
     Builds the model a few times and runs forward/backward passes on CPU: about a second at
@@ -65,7 +73,8 @@ def check_variant(variant: str, preset: str = "cpu-xs", seq_len: int | None = No
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
-    return check_config(build_config(preset, variant, vocab_size=CHECK_VOCAB, seq_len=seq_len, **options), seed)
+    cfg = build_config(preset, variant, vocab_size=CHECK_VOCAB, seq_len=seq_len, architecture=architecture, **options)
+    return check_config(cfg, seed)
 
 
 def check_config(
@@ -137,8 +146,12 @@ def _stage_contract(model: nn.Module, cfg: ModelConfig, seed: int) -> Outcome:
     B, T, d, H, hd = BATCH, cfg.seq_len, cfg.d_model, cfg.n_head, cfg.head_dim
     want_in = {"query_input": ((B, T, d),), "qk_transform": ((B, T, H, hd),) * 2, "scoring": ((B, T, H, hd), (B, T, H, hd), (B, T, d))}
     want_out = {"query_input": [(B, T, d)], "qk_transform": [(B, T, H, hd)] * 2, "scoring": [(B, T, d)]}
+    crash = None
     with torch.no_grad(), _recorded(model) as seen:
-        logits, _ = model(_tokens(cfg, seed))
+        try:
+            logits, _ = model(_tokens(cfg, seed))
+        except Exception as e:  # noqa: BLE001 - a wrong shape often crashes a later op: name the stage that made it
+            crash, logits = f"{type(e).__name__}: {e}", None
     problems = []
     called = {name for name, _, _ in seen}
     for name, args, out in seen:
@@ -146,9 +159,14 @@ def _stage_contract(model: nn.Module, cfg: ModelConfig, seed: int) -> Outcome:
         got = [tuple(t.shape) for t in (out if isinstance(out, tuple) else (out,))]
         if args != want_in[stage] or got != want_out[stage]:
             problems.append(f"{name}: {list(args)} -> {got}, the contract says {list(want_in[stage])} -> {want_out[stage]}")
+    if crash is not None:
+        if not problems:
+            raise RuntimeError(crash)
+        return False, "; ".join(problems[:1]) + f" (then the forward raised {crash})"
     # the identity query input is skipped in forward (one fused QKV matmul): not called is fine for it
     missing = [f"blocks.{i}.attn.{s}" for i in range(cfg.n_layer) for s in STAGES[1:] if f"blocks.{i}.attn.{s}" not in called]
     problems += [f"{name} was never called" for name in missing]
+    assert logits is not None  # a crashed forward returned above
     if tuple(logits.shape) != (B, T, cfg.vocab_size):
         problems.append(f"logits {tuple(logits.shape)}, expected {(B, T, cfg.vocab_size)}")
     return (not problems, "; ".join(problems) or f"{len(seen)} stage calls at B={B}, T={T}")

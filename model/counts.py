@@ -17,12 +17,17 @@ per token at context T, scores and AV over the full sequence; training = 3 x for
 Backbone, per layer (d = d_model, no biases): QKV 3d^2 + output d^2 + MLP 8d^2 weights and two
 LayerNorm weights 2d; forward FLOPs QKV 6d^2 + output 2d^2 + MLP 16d^2 + scores 2Td + AV 2Td.
 Plus the final LayerNorm (d), embeddings (V d + T d), LM head (V d weights, 2 d V FLOPs).
+The `model.config.Architecture` options change: SwiGLU 3dh weights and 6dh FLOPs instead of
+the MLP's (h = `swiglu_hidden(d)`); QK-norm + 2 head_dim weights per layer; RoPE no position
+table (T d fewer in the total); a tied head V d fewer in the total (N excludes the head either
+way); RMSNorm nothing (d weights, as LayerNorm's). Norms and RoPE add no model FLOPs.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from model.config import swiglu_hidden
 from model.registry import get_variant
 
 if TYPE_CHECKING:
@@ -53,10 +58,13 @@ def count_model(cfg: ModelConfig) -> ModelCounts:
     if extra is None:
         extra = variant.contributions(cfg)
     L, d, T, V = cfg.n_layer, cfg.d_model, cfg.seq_len, cfg.vocab_size
-    n = L * (12 * d * d + 2 * d) + d + extra.n_params
-    base_fwd = L * (24 * d * d + 4 * T * d) + 2 * d * V
+    mlp_params = 3 * d * swiglu_hidden(d) if cfg.mlp == "swiglu" else 8 * d * d
+    qk_norm = 2 * cfg.head_dim if cfg.qk_norm else 0
+    n = L * (4 * d * d + mlp_params + 2 * d + qk_norm) + d + extra.n_params
+    embeddings = V * d + (T * d if cfg.positions == "learned" else 0) + (0 if cfg.tied_head else V * d)
+    base_fwd = L * (8 * d * d + 2 * mlp_params + 4 * T * d) + 2 * d * V  # each MLP weight: one multiply-add per token
     fwd, executed = base_fwd + extra.flops_per_token_fwd, base_fwd + extra.executed_flops_per_token_fwd
-    return ModelCounts(n, n + 2 * V * d + T * d, fwd, 3 * fwd, 3 * executed)
+    return ModelCounts(n, n + embeddings, fwd, 3 * fwd, 3 * executed)
 
 
 def count_instantiated(cfg: ModelConfig) -> ModelCounts:

@@ -1,7 +1,9 @@
 """GPT: a decoder-only transformer whose attention variant is chosen by the config.
 
-Layout (nanoGPT / GPT-2): token + learned position embeddings, n_layer pre-LayerNorm blocks
-(attention, then a 4x GELU MLP), final LayerNorm, untied LM head; no biases, no dropout.
+Layout (nanoGPT / GPT-2 by default): token + learned position embeddings, n_layer pre-LayerNorm
+blocks (attention, then a 4x GELU MLP), final LayerNorm, untied LM head; no biases, no dropout.
+The config's `model.config.Architecture` swaps in RoPE (no position table), RMSNorm, a SwiGLU
+MLP, QK-norm and a tied head (`model.layers`), for every variant alike.
 Init (`GPT.init_weights`): N(0, 0.02) for linear and embedding weights, residual output
 projections N(0, 0.02 / sqrt(2 * n_layer)) (GPT-2), LayerNorm weights 1. Each backbone
 tensor draws from its own generator seeded from (seed, parameter name), and each variant
@@ -38,6 +40,7 @@ from model.config import ModelConfig
 from model.coupled import DynamicsQK
 from model.fused_qk import check_impl
 from model.init import normal_, seeded_generator
+from model.layers import SwiGLU, make_norm
 
 __all__ = ["GPT", "MLP", "STAGES", "Block"]
 
@@ -61,14 +64,14 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block; x [B, T, d] -> [B, T, d]."""
+    """Pre-norm transformer block; x [B, T, d] -> [B, T, d]."""
 
     def __init__(self, cfg: ModelConfig, depth: int):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=False)
+        self.ln_1 = make_norm(cfg, cfg.d_model)
         self.attn = CausalSelfAttention(cfg, depth)
-        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=False)
-        self.mlp = MLP(cfg)
+        self.ln_2 = make_norm(cfg, cfg.d_model)
+        self.mlp: MLP | SwiGLU = SwiGLU(cfg) if cfg.mlp == "swiglu" else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -96,10 +99,12 @@ class GPT(nn.Module):
             seed = int(torch.randint(0, 2**62, (), device="cpu"))
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg, depth) for depth in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=False)
+        self.ln_f = make_norm(cfg, cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tied_head:  # one tensor: named tok_emb.weight (named_parameters lists it once)
+            self.lm_head.weight = self.tok_emb.weight
         self.init_weights(seed)
         self.set_qk_impl(qk_impl)
 
@@ -116,7 +121,7 @@ class GPT(nn.Module):
         stages through their reset_parameters(generator)."""
         std_resid = 0.02 / math.sqrt(2 * self.cfg.n_layer)  # GPT-2: residual projections by depth
         for name, p in self.backbone_parameters().items():
-            if p.dim() == 1:  # LayerNorm weight
+            if p.dim() == 1:  # a norm's weight (LayerNorm, RMSNorm, QK-norm)
                 with torch.no_grad():
                     p.fill_(1.0)
                 continue
@@ -139,8 +144,9 @@ class GPT(nn.Module):
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds cfg.seq_len={self.cfg.seq_len}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.tok_emb(idx) + self.pos_emb(pos)
+        x = self.tok_emb(idx)
+        if self.pos_emb is not None:  # RoPE instead: positions enter in attention
+            x = x + self.pos_emb(torch.arange(T, device=idx.device))
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
@@ -150,10 +156,13 @@ class GPT(nn.Module):
         return logits, loss
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; non_embedding=True gives N (no token/position embedding, no LM head)."""
+        """Parameter count (a tied head's weight once); non_embedding=True gives N (no token or
+        position embedding, no LM head)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel() + self.lm_head.weight.numel()
+            n -= self.tok_emb.weight.numel()
+            n -= 0 if self.pos_emb is None else self.pos_emb.weight.numel()
+            n -= 0 if self.cfg.tied_head else self.lm_head.weight.numel()
         return n
 
     def num_flops_per_token(self, seq_len: int | None = None, executed: bool = False) -> int:

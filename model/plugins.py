@@ -23,7 +23,10 @@ registered name or breaks the contract raises `PluginError` naming it.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import re
 import sys
+import traceback
 from dataclasses import dataclass
 from importlib import import_module, metadata
 from pathlib import Path
@@ -42,7 +45,7 @@ class PluginError(ValueError):
 
     def __init__(self, plugin: str, why: str) -> None:
         super().__init__(f"plugin {plugin!r}: {why}")
-        self.plugin = plugin
+        self.plugin, self.why = plugin, why
 
 
 @dataclass(frozen=True)
@@ -95,26 +98,32 @@ def _version(module: str) -> str | None:
 def load_plugin(module: str, search: str | Path | None = None, check: bool = True) -> Plugin:
     """Import plug-in ``module`` (from ``search``, the spec's folder, first) and check each
     variant it registers (``check=False``: not, for `qkstudy model check`, which reports every
-    check itself); loading a module again returns its `Plugin`.
+    check itself); loading a module again returns its `Plugin`. A dotted name ships and hashes
+    its whole top-level package (what the workers import it from).
 
     Raises:
-        PluginError: the module fails to import, registers no variant, reuses a registered
-            name, or a variant breaks the stage contract (`model.check.contract_problems`);
-            its variants are removed from the registry again.
+        PluginError: the name is not a module name; a module beside the spec has the name of
+            another importable module (it would shadow it here and not reach the workers);
+            the module fails to import (SystemExit included), registers no variant, reuses a
+            registered name, or a variant breaks the stage contract
+            (`model.check.contract_problems`); its variants are removed from the registry again.
     """
     if module in _LOADED:
         return _LOADED[module]
+    if not MODULE_NAME.fullmatch(module):
+        raise PluginError(module, "is not a module name (name a plug-in as it is imported, e.g. my_variant or my_pkg.variants)")
+    folder = Path(search).resolve() if search is not None else None
+    local = _local_copy(module, folder)
     before = set(REGISTRY)
-    folder = [str(Path(search).resolve())] if search is not None else []
-    sys.path[:0] = folder
+    sys.path[:0] = [str(folder)] if local else []
     try:
-        mod = import_module(module)
-    except Exception as e:  # noqa: BLE001 - any import failure of someone else's code is that plug-in's
+        import_module(module)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any import failure of someone else's code is that plug-in's
         _forget(module, before)
-        raise PluginError(module, f"failed to import: {type(e).__name__}: {e}") from None
+        raise PluginError(module, f"failed to import: {type(e).__name__}: {e}{_where(e)}") from None
     finally:
-        for f in folder:
-            sys.path.remove(f)
+        if local:
+            sys.path.remove(str(folder))
     added = tuple(n for n in REGISTRY if n not in before)
     if not added:
         raise PluginError(module, "registered no variant (call model.register(Variant(...)) when imported)")
@@ -125,9 +134,44 @@ def load_plugin(module: str, search: str | Path | None = None, check: bool = Tru
     if problems:
         _forget(module, before)
         raise PluginError(module, "breaks the stage contract: " + "; ".join(problems))
-    root, files = source_of(mod)
-    _LOADED[module] = plugin = Plugin(module, _version(module), _source_hash(root, files), str(root), added)
+    root, files = source_of(sys.modules[module.split(".")[0]])
+    version = None if local else _version(module)
+    _LOADED[module] = plugin = Plugin(module, version, _source_hash(root, files), str(root), added)
     return plugin
+
+
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _local_copy(module: str, folder: Path | None) -> Path | None:
+    """The file or package of ``module``'s top-level name in ``folder`` (the spec's), or None.
+
+    Raises PluginError when that name is also another importable module (installed, or already
+    imported): the local one would shadow it in this process, and the workers, which import
+    by name, would get the other one."""
+    top = module.split(".")[0]
+    if folder is None:
+        return None
+    local = next((p for p in (folder / f"{top}.py", folder / top) if p.exists()), None)
+    if local is None:
+        return None
+    loaded = sys.modules.get(top)
+    if loaded is not None:
+        origin = getattr(loaded, "__file__", None)
+    else:
+        spec = importlib.util.find_spec(top)
+        origin = spec.origin if spec is not None and spec.origin not in ("built-in", "frozen") else None
+    found = Path(origin) if origin else None
+    if found is not None and not found.resolve().is_relative_to(local.resolve()):
+        raise PluginError(module, f"{local} has the name of another importable module ({found}): rename the plug-in")
+    return local
+
+
+def _where(e: BaseException) -> str:
+    """`` (FILE, line N)`` of the innermost frame of an import error that lies outside this
+    process's own packages (the plug-in's line), or '' when none."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "importlib" not in f.filename and f.filename != __file__]
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
 
 
 def _forget(module: str, before: set[str]) -> None:
@@ -142,8 +186,16 @@ def load_entry_points() -> list[Plugin]:
     """Load every module named in the ``qkstudy.variants`` entry-point group (each once per
     process: `load_plugin` keeps what it loaded).
 
-    Raises PluginError naming the entry point's module (see `load_plugin`)."""
-    return [load_plugin(ep.module) for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    Raises PluginError naming the entry point's module and the distribution that installed it
+    (see `load_plugin`)."""
+    loaded = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded.append(load_plugin(ep.module))
+        except PluginError as e:
+            dist = f"distribution {ep.dist.name!r}" if ep.dist is not None else "an installed distribution"
+            raise PluginError(ep.module, f"installed by {dist} (entry point {ep.name!r} in {ENTRY_POINT_GROUP}): {e.why}") from None
+    return loaded
 
 
 def load_planned(planned: dict[str, Any]) -> Plugin:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from model.config import ModelConfig
+from model.config import Architecture, ModelConfig
 from model.registry import resolve_options
 
 DEFAULT_VOCAB_SIZE = 32_000
@@ -52,7 +52,13 @@ PRESETS: dict[str, Preset] = {
 
 
 def build_config(
-    scale: str, variant: str, *, vocab_size: int = DEFAULT_VOCAB_SIZE, seq_len: int | None = None, **variant_options: Any
+    scale: str,
+    variant: str,
+    *,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    seq_len: int | None = None,
+    architecture: Architecture | None = None,
+    **variant_options: Any,
 ) -> ModelConfig:
     """Config for a preset scale and variant.
 
@@ -61,6 +67,7 @@ def build_config(
         variant: a name in `VARIANTS` (`model.registry`).
         vocab_size: tokens in the tokenizer's vocabulary (presets assume 32,000).
         seq_len: context length in tokens (default: the preset's).
+        architecture: the backbone's layout (default GPT-2's, `model.config.Architecture`).
         variant_options: options of the variant's registry entry, e.g. integrator="leapfrog",
             n_steps=3 (`Variant.allowed()` lists them with their defaults).
 
@@ -78,4 +85,5 @@ def build_config(
         n_head=p.n_head,
         variant=variant,
         options=options,
+        **(architecture or Architecture()).model_dump(),
     )

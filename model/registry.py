@@ -50,10 +50,22 @@ if TYPE_CHECKING:
 
     from model.config import ModelConfig
 
-__all__ = ["CONFIG_FIELDS", "REGISTRY", "VARIANTS", "Variant", "get_variant", "register", "resolve_options", "stage_flops"]
+__all__ = [
+    "ARCHITECTURE_FIELDS",
+    "CONFIG_FIELDS",
+    "REGISTRY",
+    "VARIANTS",
+    "Variant",
+    "get_variant",
+    "register",
+    "resolve_options",
+    "stage_flops",
+]
 
+# model.config.Architecture's fields (the backbone's layout), part of every ModelConfig
+ARCHITECTURE_FIELDS = ("positions", "rope_base", "rope_at", "norm", "mlp", "qk_norm", "tied_head")
 # ModelConfig's own fields: options may not reuse these names (they travel flat beside them).
-CONFIG_FIELDS = frozenset({"vocab_size", "seq_len", "n_layer", "d_model", "n_head", "variant", "options"})
+CONFIG_FIELDS = frozenset({"vocab_size", "seq_len", "n_layer", "d_model", "n_head", "variant", "options", *ARCHITECTURE_FIELDS})
 
 
 class Stage(Protocol):

@@ -20,6 +20,7 @@ import logging
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -435,15 +436,15 @@ def model_info_cmd(
             out.print(f"{k:28s} {v:,}" if isinstance(v, int) else f"{k:28s} {v}")
 
 
-def _option_pairs(pairs: list[str]) -> dict[str, object]:
+def _option_pairs(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
     """KEY=VALUE strings -> options, each value read as YAML (3 -> int, leapfrog -> str)."""
     import yaml
 
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--option {pair!r}: expected KEY=VALUE, e.g. --option n_steps=3")
+            raise ValueError(f"{flag} {pair!r}: expected KEY=VALUE, e.g. {flag} {'positions=rope' if flag == '--arch' else 'n_steps=3'}")
         out[key] = yaml.safe_load(value)
     return out
 
@@ -456,20 +457,24 @@ def model_check_cmd(
     option: list[str] = typer.Option([], "--option", help="A variant option as KEY=VALUE (repeatable)."),
     seed: int = typer.Option(0, min=0, help="Seed of the models compared."),
     plugin: list[str] = typer.Option([], "--plugin", help="A plug-in module to load first, from this folder or installed (repeatable)."),
+    arch: list[str] = typer.Option([], "--arch", help="A backbone layout field as KEY=VALUE, e.g. positions=rope (repeatable)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Every check the built-in variants pass, on one variant: stage shapes, finite forward and
     backward with a gradient for every parameter, causality, seeded and paired initial weights,
-    analytic counts against the built model, executed FLOPs against FlopCounterMode.
-    Exits 1 if a check fails, 2 on an unknown preset, variant or option."""
+    analytic counts against the built model, executed FLOPs against FlopCounterMode; on the
+    GPT-2 layout or the one ``--arch`` sets (a spec's ``architecture``: RoPE, RMSNorm, ...).
+    Exits 1 if a check fails, 2 on an unknown preset, variant, option or layout field."""
     from model.check import check_variant
+    from model.config import Architecture
     from model.plugins import load_entry_points, load_plugin
 
     try:
         load_entry_points()
         for module in plugin:
             load_plugin(module, Path.cwd(), check=False)  # the table below is the check
-        results = check_variant(variant, preset, seq_len=seq_len, seed=seed, **_option_pairs(option))
+        layout = Architecture(**_option_pairs(arch, "--arch"))
+        results = check_variant(variant, preset, seq_len=seq_len, seed=seed, architecture=layout, **_option_pairs(option))
     except ValueError as e:
         print_error(str(e))
         raise typer.Exit(EXIT_INPUT) from None

@@ -42,12 +42,14 @@ def scale_recipe(study: Study, scale: str) -> ScaleRecipe:
 
 
 def scale_config(study: Study, scale: str, model_variant: str, *, vocab_size: int, seq_len: int, **options: Any) -> ModelConfig:
-    """ModelConfig of ``scale`` for one variant at context ``seq_len`` (tokens): a preset's
-    ``model.build_config``, or a custom shape's ``shape_config``. Raises ValueError naming a
-    bad variant option."""
-    from model import build_config
+    """ModelConfig of ``scale`` for one variant at context ``seq_len`` (tokens) in the study's
+    ``architecture``: a preset's ``model.build_config``, or a custom shape's ``shape_config``.
+    Raises ValueError naming a bad variant option, or a shape the architecture cannot take."""
+    from model import ModelConfig, build_config
 
     shape = study.scale_shapes.get(scale)
     if shape is None:
-        return build_config(scale, model_variant, vocab_size=vocab_size, seq_len=seq_len, **options)
-    return shape_config(shape, model_variant, vocab_size=vocab_size, seq_len=seq_len, **options)
+        cfg = build_config(scale, model_variant, vocab_size=vocab_size, seq_len=seq_len, **options)
+    else:
+        cfg = shape_config(shape, model_variant, vocab_size=vocab_size, seq_len=seq_len, **options)
+    return ModelConfig(**{**cfg.model_dump(), **study.architecture.model_dump()})

@@ -17,8 +17,9 @@ Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Larg
 Models", equation 2, no recomputation, no tensor parallelism): ``s b h (34 + 5 a s / h)``
 bytes per layer in 16 bits (double in fp32), ``s`` the sequence length, ``b`` the micro-batch,
 ``h`` d_model, ``a`` heads; plus the logits and their gradient in fp32 (``2 x 4 s b V``).
-A variant's own extra activations (the coupled QK network's states) are not counted: the
-estimate is a floor for them, which the report of a GPU run can check against
+A variant's own extra activations (the coupled QK network's states) are not counted, nor are a
+modern backbone's (a SwiGLU MLP keeps about 5 s b h more per layer than the GELU MLP the 34
+assumes; RoPE and QK-norm a few s b h): the estimate is a floor for them, which the report of a GPU run can check against
 ``torch.cuda.max_memory_allocated``.
 """
 

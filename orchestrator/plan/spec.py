@@ -18,6 +18,7 @@ from typing import Any, Literal, NoReturn
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from data_pipeline import CorpusConfig, TokenizerConfig
+from model.config import Architecture
 from model.plugins import PluginError, load_entry_points, load_plugin
 from orchestrator.plan import recipe
 from orchestrator.plan.branches import Protocol, protocol_problems
@@ -251,7 +252,9 @@ class Study(_Strict):
     ``orchestrator.plan.branches``). ``tune``: a per-(variant, scale) LR grid
     (``orchestrator.plan.tuning``); it replaces every fixed peak LR. ``plugins``: modules of
     plug-in variants (``model.plugins``), importable from the spec's folder or installed;
-    loaded by ``parse_spec`` before the variants are validated.
+    loaded by ``parse_spec`` before the variants are validated. ``architecture``: the backbone
+    layout every variant of the study shares (``model.config.Architecture``: GPT-2's by default;
+    RoPE, RMSNorm, SwiGLU, QK-norm, a tied head; ``jobs/base/modern.yaml``).
     """
 
     name: str
@@ -268,6 +271,7 @@ class Study(_Strict):
         "and ladders {ladder: {targets, head_dim, aspect_ratio, ...}}.",
     )
     variants: list[VariantSpec] = Field(min_length=1)
+    architecture: Architecture = Field(default_factory=Architecture)
     reference: str = "standard"
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     budget: BudgetSpec
@@ -449,7 +453,8 @@ def _load_plugins(data: dict[str, Any], path: str | Path, layers: list[Layer] | 
     try:
         load_entry_points()
     except PluginError as e:
-        problems.append((("plugins",), f"installed plug-in (entry point group qkstudy.variants): {e}"))
+        # not this spec's fault: every command that reads a spec loads the installed plug-ins
+        problems.append(((), f"{e}; fix or uninstall it"))
     names = data.get("plugins")
     folder = Path(path).parent if str(path) != "<spec>" else None
     for i, name in enumerate(names if isinstance(names, list) else []):

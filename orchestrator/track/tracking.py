@@ -238,7 +238,7 @@ def create_run(client: MlflowClient, experiment_id: str, spec: Any, extra_params
         "workers": spec.resources.workers,
         **{f"model.{k}": v for k, v in spec.model.items()},
         # a plug-in variant's code, as its run id names it (model.plugins)
-        **{f"plugin.{k}": v for k, v in (getattr(spec, "plugin", None) or {}).items() if k != "path"},
+        **{f"plugin.{k}": v for k, v in (getattr(spec, "plugin", None) or {}).items() if k != "path" and v is not None},
         **(extra_params or {}),
     }
     _log_params(client, run.info.run_id, params)

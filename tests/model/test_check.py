@@ -160,3 +160,22 @@ def test_cli_model_check_exit_codes(toys):
     for argv in (["nope"], ["coupled", "--option", "n_steps"], ["coupled", "--option", "colour=3"], ["coupled", "--preset", "9b"]):
         r = runner.invoke(app, ["model", "check", *argv])
         assert r.exit_code == EXIT_INPUT, (argv, r.output)
+
+
+def test_a_wrong_shape_that_crashes_a_later_op_still_names_the_stage(toys):
+    register(Variant("toy_narrow_q", "q' loses half its channels", ScaleOptions, qk_transform=lambda cfg: _Narrow()))
+    try:
+        contract = check_variant("toy_narrow_q")[0]
+    finally:
+        del REGISTRY["toy_narrow_q"]
+    assert contract.ok is False
+    assert contract.detail.startswith("blocks.0.attn.qk_transform: ") and "the contract says" in contract.detail
+    assert "then the forward raised" in contract.detail
+
+
+class _Narrow(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q[..., :16], k
+
+    def num_flops_per_token(self, seq_len: int) -> int:
+        return 0

@@ -1,7 +1,7 @@
 import pytest
 
 from model import GPT, PRESETS, REGISTRY, VARIANTS, ModelConfig, build_config, count_model
-from model.registry import CONFIG_FIELDS
+from model.registry import ARCHITECTURE_FIELDS, CONFIG_FIELDS
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,8 @@ def test_config_dump_is_flat_and_round_trips(variant):
     cfg = build_config("cpu-s", variant, vocab_size=100)
     dump = json.loads(json.dumps(cfg.model_dump()))
     assert "options" not in dump
-    assert set(dump) == set(CONFIG_FIELDS - {"options"}) | set(REGISTRY[variant].options.model_fields)
+    # the backbone layout's fields are left out at their (GPT-2) defaults: the dump, and run ids, as before them
+    assert set(dump) == set(CONFIG_FIELDS - {"options", *ARCHITECTURE_FIELDS}) | set(REGISTRY[variant].options.model_fields)
     assert ModelConfig(**dump) == cfg and ModelConfig(**dump).options == cfg.options
     assert hash(ModelConfig(**dump)) == hash(cfg)  # frozen configs stay usable as keys
     if variant == "coupled":

@@ -138,3 +138,42 @@ def test_a_run_planned_with_other_plug_in_code_refuses_to_train(beside):
         [sys.executable, "-c", code, json.dumps({**planned, "source_hash": "0" * 64})], capture_output=True, text=True, cwd=REPO
     )
     assert other.returncode == 3 and "is not the one the run was planned with" in other.stdout
+
+
+def test_a_plug_in_that_exits_at_import_is_an_input_error_not_a_success(tmp_path):
+    (tmp_path / "quits.py").write_text("raise SystemExit(0)\n")
+    out = qk("validate", _study(tmp_path, ["quits"], variants=("standard",)).name, cwd=tmp_path)
+    assert out.returncode == EXIT_INPUT and "failed to import: SystemExit" in out.stderr
+
+
+def test_an_import_error_names_the_plug_ins_file_and_line(tmp_path):
+    (tmp_path / "boom.py").write_text("x = 1\n\nraise RuntimeError('boom at import')\n")
+    out = qk("validate", _study(tmp_path, ["boom"], variants=("standard",)).name, cwd=tmp_path)
+    assert out.returncode == EXIT_INPUT
+    assert f"RuntimeError: boom at import ({tmp_path / 'boom.py'}, line 3)" in "".join(out.stderr.splitlines())
+
+
+@pytest.mark.parametrize("name", ["yaml", "tabulate"])
+def test_a_local_module_named_like_an_installed_one_is_refused(tmp_path, name):
+    """It would shadow the installed module here (yaml: already imported; tabulate: not yet),
+    and the workers, which import by name, would get the installed one."""
+    (tmp_path / f"{name}.py").write_text((EXAMPLE / PACKAGE / "__init__.py").read_text())
+    out = qk("validate", _study(tmp_path, [name]).name, cwd=tmp_path)
+    assert out.returncode == EXIT_INPUT, out.stderr
+    assert "has the name of another importable module" in " ".join(out.stderr.split())
+
+
+def test_a_path_is_not_a_plug_in_name(tmp_path):
+    out = qk("validate", _study(tmp_path, ["./gated.py"], variants=("standard",)).name, cwd=tmp_path)
+    assert out.returncode == EXIT_INPUT and "is not a module name" in out.stderr
+
+
+def test_a_dotted_plug_in_ships_and_hashes_its_whole_top_level_package(tmp_path):
+    pkg = tmp_path / "mypkg"
+    shutil.copytree(EXAMPLE / PACKAGE, pkg / "variants")
+    (pkg / "__init__.py").write_text("")
+    spec = _study(tmp_path, ["mypkg.variants"])
+    plugin = {r["variant"]: r for r in plan_json(spec)}["gated_qk"]["plugin"]
+    assert plugin["path"] == str(pkg)  # the workers import mypkg.variants from it
+    (pkg / "__init__.py").write_text("SCALE = 1\n")  # the parent package is the plug-in's code too
+    assert {r["variant"]: r for r in plan_json(spec)}["gated_qk"]["plugin"]["source_hash"] != plugin["source_hash"]
