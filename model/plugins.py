@@ -162,9 +162,22 @@ def _local_copy(module: str, folder: Path | None) -> Path | None:
         spec = importlib.util.find_spec(top)
         origin = spec.origin if spec is not None and spec.origin not in ("built-in", "frozen") else None
     found = Path(origin) if origin else None
-    if found is not None and not found.resolve().is_relative_to(local.resolve()):
+    if found is not None and not found.resolve().is_relative_to(local.resolve()) and not _same_source(local, found):
         raise PluginError(module, f"{local} has the name of another importable module ({found}): rename the plug-in")
     return local
+
+
+def _same_source(local: Path, found: Path) -> bool:
+    """Whether the importable module at ``found`` is a copy of ``local`` (same source hash):
+    inside a submitted job the spec's folder and the job's ``py_modules`` hold the same plug-in."""
+    other = found.parent if found.name == "__init__.py" else found
+    if local.is_dir() != other.is_dir():
+        return False
+    return _source_hash(local, _py_files(local)) == _source_hash(other, _py_files(other))
+
+
+def _py_files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.py")) if root.is_dir() else [root]
 
 
 def _where(e: BaseException) -> str:

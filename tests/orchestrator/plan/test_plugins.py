@@ -177,3 +177,15 @@ def test_a_dotted_plug_in_ships_and_hashes_its_whole_top_level_package(tmp_path)
     assert plugin["path"] == str(pkg)  # the workers import mypkg.variants from it
     (pkg / "__init__.py").write_text("SCALE = 1\n")  # the parent package is the plug-in's code too
     assert {r["variant"]: r for r in plan_json(spec)}["gated_qk"]["plugin"]["source_hash"] != plugin["source_hash"]
+
+
+def test_an_identical_copy_elsewhere_is_not_a_shadow_but_a_different_one_is(tmp_path, beside):
+    """Inside a submitted job the spec's folder and the job's py_modules hold the same plug-in."""
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(EXAMPLE / PACKAGE, elsewhere / PACKAGE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(elsewhere), str(REPO)])}
+    assert qk("validate", beside.name, cwd=beside.parent, env=env).returncode == 0
+    init = elsewhere / PACKAGE / "__init__.py"
+    init.write_text(init.read_text() + "\n# another version\n")
+    out = qk("validate", beside.name, cwd=beside.parent, env=env)
+    assert out.returncode == EXIT_INPUT and "has the name of another importable module" in " ".join(out.stderr.split())
