@@ -43,7 +43,12 @@ CHECK_VOCAB = 256  # small: the LM head is common to every variant and would dom
 BATCH = 2
 
 
-CONTRACT = (0, 1, 5)  # what loading a plug-in checks: stage shapes, finite with gradients, analytic counts
+# what loading a plug-in checks (check names, as check_config lists them)
+CONTRACT = (
+    "stage contract (shapes)",
+    "forward/backward finite, every parameter gets a gradient",
+    "analytic parameters and FLOPs equal the built model's",
+)
 Outcome = tuple[bool | None, str]  # (ok, what was seen) of one check
 
 
@@ -78,10 +83,10 @@ def check_variant(
 
 
 def check_config(
-    cfg: ModelConfig, seed: int = 0, build: Callable[[ModelConfig, int], nn.Module] = GPT, only: tuple[int, ...] | None = None
+    cfg: ModelConfig, seed: int = 0, build: Callable[[ModelConfig, int], nn.Module] = GPT, only: tuple[str, ...] | None = None
 ) -> list[CheckResult]:
     """`check_variant` on a config; build(cfg, seed) makes the model (a GPT); ``only``: the
-    indices of the checks to run (default all, in the module docstring's order). A check whose
+    names of the checks to run (default all, in the module docstring's order). A check whose
     code raises (a plug-in's stage may raise anything) fails with the exception as its detail."""
     try:
         model = build(cfg, seed)
@@ -97,7 +102,7 @@ def check_config(
         ("executed FLOPs measured (FlopCounterMode) equal the analytic ones", lambda: _measured_flops(cfg)),
     ]
     results = []
-    for name, check in [checks[i] for i in only] if only is not None else checks:
+    for name, check in [c for c in checks if c[0] in only] if only is not None else checks:
         try:
             results.append(CheckResult(name, *check()))
         except Exception as e:  # noqa: BLE001 - as above

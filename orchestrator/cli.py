@@ -437,7 +437,8 @@ def model_info_cmd(
 
 
 def _option_pairs(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
-    """KEY=VALUE strings -> options, each value read as YAML (3 -> int, leapfrog -> str)."""
+    """KEY=VALUE strings -> options, each value read as YAML (3 -> int, leapfrog -> str).
+    Raises ValueError naming ``flag`` for a pair without ``=`` or a key given twice."""
     import yaml
 
     out: dict[str, Any] = {}
@@ -445,6 +446,8 @@ def _option_pairs(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"{flag} {pair!r}: expected KEY=VALUE, e.g. {flag} {'positions=rope' if flag == '--arch' else 'n_steps=3'}")
+        if key in out:  # the last one would win silently
+            raise ValueError(f"{flag} {key}= given twice ({out[key]!r}, then {value!r})")
         out[key] = yaml.safe_load(value)
     return out
 

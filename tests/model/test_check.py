@@ -157,7 +157,14 @@ def test_cli_model_check_exit_codes(toys):
     assert len(rows) == CHECKS and all(r["ok"] for r in rows)
     bad = runner.invoke(app, ["model", "check", "toy_wrong_counts"])
     assert bad.exit_code == EXIT_FAILED and "FAIL" in bad.output
-    for argv in (["nope"], ["coupled", "--option", "n_steps"], ["coupled", "--option", "colour=3"], ["coupled", "--preset", "9b"]):
+    bad_input = [
+        ["nope"],
+        ["coupled", "--option", "n_steps"],
+        ["coupled", "--option", "n_steps=2", "--option", "n_steps=3"],  # which one? not the last silently
+        ["coupled", "--option", "colour=3"],
+        ["coupled", "--preset", "9b"],
+    ]
+    for argv in bad_input:
         r = runner.invoke(app, ["model", "check", *argv])
         assert r.exit_code == EXIT_INPUT, (argv, r.output)
 
