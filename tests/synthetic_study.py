@@ -52,6 +52,18 @@ class SyntheticStudy:
     corpus: str = "synthetic"
     accuracy: dict[str, float] = field(default_factory=dict)  # variant -> final MQAR accuracy
     accuracy_noise: float = 0.01
+    # variant -> FLOPs per token over 6N (default 1.0011 for non-reference variants, 1 for the reference)
+    flops_factor: dict[str, float] = field(default_factory=dict)
+    budget_mode: str = "tokens"  # "flops": a variant trains the reference's FLOPs, tokens / its factor
+
+    def fpt(self, variant: str, n: float) -> float:
+        """FLOPs per token of `variant` at non-embedding size n."""
+        return 6.0 * n * self.flops_factor.get(variant, 1.0 if variant == self.reference else 1.0011)
+
+    def planned_tokens(self, variant: str, n: float, mult: float) -> float:
+        """Planned tokens of a run: tokens_per_param N x mult, FLOP-matched when budget_mode is flops."""
+        d = self.tokens_per_param * n * mult
+        return float(round(d * self.fpt(self.reference, n) / self.fpt(variant, n) if self.budget_mode == "flops" else d))
 
     def planned(self) -> list[RunKey]:
         """Every (variant, scale, seed, extend) the study plans, extend runs for the reference only."""
@@ -159,9 +171,9 @@ def _write_run(client, eid: str, study: SyntheticStudy, key: RunKey, offset: flo
 
     variant, scale, seed, mult = key
     n = study.scales[scale]
-    planned = float(round(study.tokens_per_param * n * mult))
+    planned = study.planned_tokens(variant, n, mult)
     is_failed = key in set(study.failed)
-    fpt = 6.0 * n * (1.0011 if variant != study.reference else 1.0)
+    fpt = study.fpt(variant, n)
     name = f"{variant}-{scale}-s{seed}-x{_fmt(mult)}"
     tags = {
         "study": study.study,

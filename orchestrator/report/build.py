@@ -23,14 +23,15 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.report import curves as C
-from orchestrator.report import gaps, plots, render, startup, tables, time_split, unigram
+from orchestrator.report import currencies, gaps, plots, render, startup, tables, time_split, unigram
+from orchestrator.report.claims import paper_claims
 from orchestrator.report.errors import ReportError
 from orchestrator.report.output import GENERATOR, check_out_dir, jsonable, swap_in, write_file
 from orchestrator.report.query import StudyData, query_study
 from orchestrator.report.ratio import token_ratio
 from orchestrator.report.scaling import scaling_analysis
 from orchestrator.report.tuning import tuning_tables
-from orchestrator.report.verdict import paired_differences
+from orchestrator.report.verdict import holm, paired_differences
 from orchestrator.track.tracking import KIND_REPORT, KIND_TAG, redact_uri
 
 DIAGNOSTICS = ("attn/effective_rank", "attn/entropy", "attn/spectral_gap")
@@ -51,6 +52,7 @@ def build_report(
     n_boot: int = 1000,
     seed: int = 0,
     corpus: str | None = None,
+    contrasts: Iterable[tuple[str, str]] | None = None,
 ) -> dict:
     """Write the study's report into out_dir and return its JSON-able summary.
 
@@ -66,6 +68,9 @@ def build_report(
         ("coupled") falls back to the first non-reference variant when the study has none; any
         other name must be a non-reference variant of the study (else ReportError).
     n_boot: bootstrap draws of the scaling crossover (n_boot // 5, at least 50); seed: their RNG.
+    contrasts: (variant, against) pairs compared in every currency (currencies.py) beside
+        each non-reference variant against the reference (always compared). A pair naming a variant without runs
+        raises ReportError.
     The summary's "scales" list holds per scale: scale, n_params (non-embedding N), final_ppl
     {variant: seed mean}, token_ratio (value, bound if censored, or None), censored, ...;
     "gaps" lists every input the store lacks as a sentence (gaps.py); "unigram" the corpus's
@@ -80,7 +85,9 @@ def build_report(
     check_out_dir(Path(out_dir))
     data = query_study(study, tracking_uri)
     corpora = sorted(str(c) for c in data.runs["corpus"].dropna().unique())
-    kw: dict[str, Any] = dict(reference=reference, target=target, expected=expected, n_boot=n_boot, seed=seed)
+    kw: dict[str, Any] = dict(
+        reference=reference, target=target, expected=expected, n_boot=n_boot, seed=seed, contrasts=list(contrasts) if contrasts else None
+    )
     if corpus is None and len(corpora) > 1:
         return _build_per_corpus(study, tracking_uri, Path(out_dir), corpora, log_to_mlflow=log_to_mlflow, **kw)
     if corpus is not None:
@@ -182,13 +189,18 @@ class Numbers:
     scaling: dict
     status: dict
     gaps: list[dict]
+    currency: str | None  # what the budget matched (currencies.matched_currency)
+    contrasts: pd.DataFrame  # currencies.contrast_table, with p_holm
+    decomposition: pd.DataFrame
+    claims: pd.DataFrame  # claims.paper_claims rows, with p_holm
 
 
-def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_boot: int = 1000, seed: int = 0):
+def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_boot: int = 1000, seed: int = 0, contrasts=None):
     """All numbers of the report. Returns (summary dict, {name: table}, figures(dir) -> [paths]).
 
     Raises ReportError when no run carries the variant and scale tags (nothing can be
-    reported), the reference has no run, or a named target is no non-reference variant.
+    reported), the reference has no run, a named target is no non-reference variant, or a
+    contrast names a variant without runs.
     """
     runs, untagged = gaps.untagged(data.runs)
     if runs.empty:
@@ -204,6 +216,12 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
         raise ReportError(
             f"study {data.study!r}: target variant {target!r} has no runs or is the reference; non-reference variants: {others}"
         )
+    for pair in contrasts or []:
+        unknown = [v for v in pair if v not in variants_seen]
+        if unknown or len(pair) != 2 or pair[0] == pair[1]:
+            raise ReportError(
+                f"study {data.study!r}: contrast {list(pair)} must name two different variants with runs; variants: {variants_seen}"
+            )
     metrics = data.metrics[data.metrics["run_uuid"].isin(runs["run_uuid"])]
     nums = _numbers(
         runs,
@@ -213,13 +231,21 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
         expected,
         n_boot,
         np.random.default_rng(seed),
+        currencies.with_defaults([tuple(p) for p in contrasts or []], variants_seen, reference),
     )
     nums.gaps = untagged + nums.gaps
     return _summary(data, nums, n_boot), _tables(nums), _figures(nums)
 
 
 def _numbers(
-    runs: pd.DataFrame, metrics: pd.DataFrame, reference: str, target: str | None, expected, n_boot: int, rng: np.random.Generator
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    reference: str,
+    target: str | None,
+    expected,
+    n_boot: int,
+    rng: np.random.Generator,
+    contrasts: list[tuple[str, str]],
 ) -> Numbers:
     finals = C.run_finals(runs, metrics)
     n_of = finals.groupby("scale")["n_params"].median()
@@ -229,6 +255,10 @@ def _numbers(
     ppl_curves = C.curve_stats(runs, metrics, C.PPL)
     ratios = [token_ratio(s, v, reference, finals, ppl_curves).to_dict() for s in scales for v in variants[1:]]
     paired = paired_differences(finals, scales, variants, reference)
+    currency = currencies.matched_currency(finals, reference, metrics)
+    contrast = currencies.contrast_table(finals, metrics, scales, contrasts, currency)
+    claims = pd.DataFrame([c.to_dict() for c in paper_claims(finals, metrics, scales, variants, ratios)])
+    _holm_family(paired, contrast, claims)
     return Numbers(
         finals=finals,
         metrics=metrics,
@@ -245,7 +275,21 @@ def _numbers(
         scaling=scaling_analysis(finals, reference, n_boot=max(50, n_boot // 5), rng=rng),
         status=tables.run_status(finals, expected),
         gaps=gaps.input_gaps(finals, metrics),
+        currency=currency,
+        contrasts=contrast,
+        decomposition=currencies.decomposition(contrast, finals),
+        claims=claims,
     )
+
+
+def _holm_family(*tables: pd.DataFrame) -> None:
+    """Add p_holm to each table: Holm-adjusted over every p-value the report prints (one family)."""
+    ps = [t["p_value"].to_numpy(float) if "p_value" in t else np.array([]) for t in tables]
+    adjusted = holm(np.concatenate(ps)) if ps else np.array([])
+    at = 0
+    for t, p in zip(tables, ps):
+        t["p_holm"] = adjusted[at : at + len(p)] if len(t) else pd.Series(dtype=float)
+        at += len(p)
 
 
 def _tables(n: Numbers) -> dict[str, pd.DataFrame]:
@@ -274,6 +318,9 @@ def _tables(n: Numbers) -> dict[str, pd.DataFrame]:
         "attention": n.attention,
         "runs": n.finals[[c for c in run_cols if c in n.finals.columns]],
         "issues": n.status["table"],
+        "contrasts": n.contrasts,
+        "decomposition": n.decomposition,
+        "claims": n.claims,
     }
     accuracy = C.accuracy_table(n.finals)
     if len(accuracy):  # MQAR corpora only
@@ -294,6 +341,10 @@ def _summary(data: StudyData, n: Numbers, n_boot: int) -> dict:
         "scaling": n.scaling,
         "seed_std": C.seed_std(n.finals).to_dict(orient="records"),
         "paired": n.paired.to_dict(orient="records"),
+        "budget_currency": n.currency,
+        "contrasts": n.contrasts.to_dict(orient="records"),
+        "decomposition": n.decomposition.to_dict(orient="records"),
+        "claims": n.claims.to_dict(orient="records"),
         "runs": {k: v for k, v in n.status.items() if k != "table"},
         "gaps": n.gaps,
         "n_boot": n_boot,

@@ -18,7 +18,7 @@ FINAL_ACC = "final/val_accuracy"  # MQAR corpora: argmax = target on labelled po
 GROUP = ["scale", "variant", "extend"]
 
 
-def _last(metrics: pd.DataFrame, key: str) -> pd.Series:
+def last_value(metrics: pd.DataFrame, key: str) -> pd.Series:
     """Last value (highest step, then latest timestamp) of `key` per run_uuid."""
     m = metrics[metrics["key"] == key]
     return m.drop_duplicates("run_uuid", keep="last").set_index("run_uuid")["value"]
@@ -35,14 +35,14 @@ def run_finals(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     """
     out = runs.copy()
     idx = out["run_uuid"]
-    final = _last(metrics, FINAL_PPL).reindex(idx).to_numpy()
+    final = last_value(metrics, FINAL_PPL).reindex(idx).to_numpy()
     last_step = metrics.groupby("run_uuid")["step"].max()
     out["tokens"] = out["planned_tokens"].fillna(last_step.reindex(idx).astype(float).set_axis(out.index))
-    out["final_wall_s"] = _last(metrics, WALL).reindex(idx).to_numpy()
+    out["final_wall_s"] = last_value(metrics, WALL).reindex(idx).to_numpy()
     out["final_flops"] = out["tokens"] * out["flops_per_token"]
     out["complete"] = (out["status"] == "finished") & np.isfinite(final)
     out["final_ppl"] = np.where(out["complete"], final, np.nan)
-    acc = _last(metrics, FINAL_ACC).reindex(idx).to_numpy()
+    acc = last_value(metrics, FINAL_ACC).reindex(idx).to_numpy()
     out["final_accuracy"] = np.where(out["status"] == "finished", acc, np.nan)
     return out
 
@@ -141,6 +141,6 @@ def final_attention(finals: pd.DataFrame, metrics: pd.DataFrame, keys: dict[str,
     f = _planned_complete(finals)[["run_uuid", "scale", "variant"]].copy()
     agg: dict[str, tuple[str, str]] = {}
     for name, key in (keys or ATTENTION_KEYS).items():
-        f[name] = _last(metrics, key).reindex(f["run_uuid"]).to_numpy()
+        f[name] = last_value(metrics, key).reindex(f["run_uuid"]).to_numpy()
         agg[name], agg[f"{name}_std"] = (name, "mean"), (name, "std")
     return f.groupby(["scale", "variant"], sort=True).agg(**agg, n_seeds=("run_uuid", "size")).reset_index()

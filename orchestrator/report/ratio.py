@@ -1,7 +1,7 @@
 """Token ratio at equal perplexity, as DESIGN.md "Token ratio" defines it.
 
-Per scale and per non-reference variant v: target = v's final val perplexity (mean over
-seeds) at its planned tokens D_c. The reference's extend runs (x1, x1.5, x2, ..., each with
+Per scale and per non-reference variant v: target = v's final val perplexity (geometric mean
+over seeds, i.e. the mean loss, as the interval uses) at its planned tokens D_c. The reference's extend runs (x1, x1.5, x2, ..., each with
 its own full LR schedule) give final perplexity at several token counts; D* is where their
 monotone log-log curve reaches the target (solve.py). ratio = D* / D_c. A target outside the
 measured range is censored: the ratio is reported as the bound (">3.0x": the reference never
@@ -116,7 +116,8 @@ def token_ratio(
         if not len(r):
             res.token_ratio.reason = f"no finished {who} run at scale {scale}"
             return res
-    res.target_ppl = target = float(tgt.ppl.mean())
+    # geometric means (mean loss), as the interval uses: the point estimate sits inside it
+    res.target_ppl = target = float(np.exp(np.log(tgt.ppl).mean()))
     res.target_tokens = d_c = float(tgt.tokens.mean())
     res.ref_extends = sorted(float(e) for e in np.unique(ref.extend))
     _single_run(res, curves, target, d_c)
@@ -134,9 +135,9 @@ def token_ratio(
 
 
 def _point_estimate(res: RatioResult, ref: Runs, target: float, d_c: float) -> None:
-    """D* from the reference's seed-mean final perplexity per extend level."""
+    """D* from the reference's seed-geometric-mean final perplexity (mean loss) per extend level."""
     _, tokens = ref.levels()
-    d, direction = solve_tokens(tokens, ref.level_means(ref.ppl), target)
+    d, direction = solve_tokens(tokens, np.exp(ref.level_means(np.log(ref.ppl))), target)
     res.token_ratio = Estimate(d / d_c, direction is not None, direction)
     res.tokens_star = d
 

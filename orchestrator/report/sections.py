@@ -60,7 +60,9 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
         final_ppl(summary, tables),
         unigram_baseline(summary, tables),
         paired(summary, tables),
+        every_currency(summary, tables),
         paper(),
+        paper_claims(tables),
         token_ratio(summary, tables),
     ]
     if "accuracy" in tables:
@@ -158,6 +160,7 @@ def paired(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
             "seed pairs": pt["n_pairs"],
             "paired Δ loss (nats)": [_ci(m, lo, hi, "+.3f") for m, lo, hi in zip(pt["paired_dloss"], pt["paired_low"], pt["paired_high"])],
             "p": pt["p_value"].map(lambda p: fmt(p, ".3f")),
+            "p (Holm)": pt["p_holm"].map(lambda p: fmt(p, ".3f")),
             "detectable |Δ|": pt["detectable"].map(lambda d: fmt(d, ".3f")),
             "seeds to detect Δ": pt["seeds_needed"].map(lambda n: "—" if n is None or pd.isna(n) else _int(n)),
             "unpaired Δ loss (nats)": [
@@ -168,6 +171,88 @@ def paired(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
         }
     )
     return Section("Seed-paired differences", text, table)
+
+
+CURRENCY_NAMES = {"tokens": "equal tokens", "flops": "equal model FLOPs", "wall_s": "equal wall-clock"}
+
+
+def every_currency(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
+    ct, dec, matched = tables["contrasts"], tables["decomposition"], summary.get("budget_currency")
+    budget = (
+        f"The study's budget matched {CURRENCY_NAMES[matched]} (read from the runs: every arm spent its seed's reference "
+        "run's budget in that currency within 1%)."
+        if matched
+        else "The study's budget matched no single currency within 1% (read from the runs)."
+    )
+    text = [
+        f"{budget} Each contrast is compared at equal tokens, equal model FLOPs and equal wall-clock (the runs' own seconds "
+        "of optimizer steps on the study's hardware), paired by seed: at the budget both runs of a seed reached, the arm "
+        "that spent more is read earlier on its own eval curve (interpolated, never extrapolated, anchored on its final "
+        "pass; `read` says where). Δ = variant − against (nats/token), 95% paired t interval, p raw and Holm-adjusted "
+        "over every test this report prints. The decomposition splits the equal-FLOP (and equal-wall-clock) Δ into quality "
+        "per token (the equal-token Δ) and cost per token (the rest: the tokens the arm's extra cost per token took away)."
+    ]
+    if not len(ct):
+        return Section("Verdicts in every currency", [*text, "None: no contrast has runs of both arms."])
+    table = pd.DataFrame(
+        {
+            "scale": ct["scale"],
+            "variant": ct["variant"],
+            "against": ct["against"],
+            "currency": [CURRENCY_NAMES[c] + (" (budget)" if m else "") for c, m in zip(ct["currency"], ct["matched"])],
+            "seed pairs": ct["n_pairs"],
+            "Δ loss (nats)": [_ci(m, lo, hi, "+.4f") for m, lo, hi in zip(ct["paired_dloss"], ct["paired_low"], ct["paired_high"])],
+            "p": ct["p_value"].map(lambda p: fmt(p, ".3f")),
+            "p (Holm)": ct["p_holm"].map(lambda p: fmt(p, ".3f")),
+            "verdict": ct["verdict"],
+            "read": ct["read"],
+            "note": ct["note"].fillna(""),
+        }
+    )
+    for r in dec.itertuples():
+        if pd.notna(r.dloss_flops) and pd.notna(r.dloss_tokens):
+            text.append(
+                f"`{r.variant}` vs `{r.against}` at {r.scale}: {fmt(r.cost_ratio_flops, '.4f')}x the FLOPs per token; at equal "
+                f"FLOPs Δ {fmt(r.dloss_flops, '+.4f')} nats = quality per token {fmt(r.dloss_tokens, '+.4f')} + cost per token "
+                f"{fmt(r.cost_part_flops, '+.4f')}"
+                + (
+                    f"; at equal wall-clock Δ {fmt(r.dloss_wall_s, '+.4f')} (cost per token {fmt(r.cost_part_wall_s, '+.4f')})."
+                    if pd.notna(r.dloss_wall_s)
+                    else "."
+                )
+            )
+    return Section("Verdicts in every currency", text, table)
+
+
+def paper_claims(tables: dict[str, pd.DataFrame]) -> Section:
+    cl = tables["claims"]
+    text = [
+        "Each paper claim is decided by its interval: *reproduces* when the interval lies on the paper's side of the null "
+        "(0 for a loss difference, 1 for a ratio) and excludes it; *contradicts* when it excludes the paper's value (a "
+        "claim without a value: when it lies on the other side of the null); *cannot tell* otherwise. Loss differences "
+        "are paired t intervals (nats; the paper's perplexity ratio as its log); the seed-std claim is a variance-ratio F "
+        "interval; an interval end marked ∞ is open."
+    ]
+    if not len(cl):
+        return Section("Paper claims decided by intervals", [*text, "None: the study has no variant pair the paper's claims name."])
+
+    def num(x):
+        return "∞" if x == float("inf") else "-∞" if x == float("-inf") else fmt(x, ".4g")
+
+    table = pd.DataFrame(
+        {
+            "claim": cl["claim"],
+            "scale": cl["scale"],
+            "test": cl["test"],
+            "estimate [95% interval]": [f"{num(e)} [{num(lo)}, {num(hi)}]" for e, lo, hi in zip(cl["estimate"], cl["low"], cl["high"])],
+            "paper": cl["paper_value"].map(lambda v: "direction only" if v is None or pd.isna(v) else num(v)),
+            "p": cl["p_value"].map(lambda p: fmt(p, ".3f")),
+            "p (Holm)": cl["p_holm"].map(lambda p: fmt(p, ".3f")),
+            "decision": cl["decision"],
+            "note": cl["note"].fillna(""),
+        }
+    )
+    return Section("Paper claims decided by intervals", text, table)
 
 
 def paper() -> Section:
@@ -228,7 +313,11 @@ def token_ratio(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
         "note": "note",
     }
     table = rt[["scale", "variant", *cols]].rename(columns=cols)
-    table["curve vs extend"] = table["curve vs extend"].fillna("").map(lambda f: f"disagrees: {f}" if f else "agrees")
+    # "agrees" only where both estimates exist: a row with either n/a has nothing to agree on
+    both = (rt["single_run_estimate"] != "n/a") & (rt["token_ratio"] != "n/a")
+    table["curve vs extend"] = [
+        (f"disagrees: {f}" if f else "agrees") if ok else "—" for f, ok in zip(table["curve vs extend"].fillna(""), both)
+    ]
     return Section("Token ratio at equal perplexity", text, table, ["token_ratio.png"])
 
 

@@ -95,3 +95,18 @@ def _unpaired(v: np.ndarray, r: np.ndarray, level: float) -> dict:
     w = float(stats.t.ppf((1 + level) / 2, dof) * np.sqrt(a + b))
     out["unpaired_low"], out["unpaired_high"] = out["unpaired_dloss"] - w, out["unpaired_dloss"] + w
     return out
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple
+    test procedure"), same order and shape as `p_values`; NaN entries stay NaN and are not
+    counted among the tests. Rejecting where adjusted p < alpha keeps the family-wise error
+    rate at most alpha under any dependence between the tests."""
+    p = np.asarray(p_values, float)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    order = ok[np.argsort(p[ok], kind="stable")]
+    m = len(order)
+    adjusted = np.maximum.accumulate((m - np.arange(m)) * p[order]).clip(max=1.0)
+    out[order] = adjusted
+    return out

@@ -253,6 +253,7 @@ class RunLoop:
         self.rec = rec = self._open_record(state)
         step, wall_s, evals = state["step"], state["wall_s"], state["evals"]
         self.engine.train()
+        grad_norm_max = 0.0  # over the steps since the last logged point: a spike between points shows
         while step < r.steps:
             with self.guard.section("step"):
                 if self.step_hook:
@@ -267,10 +268,12 @@ class RunLoop:
             if reason:
                 rec.failed(step, reason)
                 return STATUS_FAILED
+            grad_norm_max = max(grad_norm_max, grad_norm)
             is_last = step == r.steps
             is_eval = step % r.eval_every_steps == 0 or is_last
             if step % r.train.log_every_steps == 0 or is_eval:
-                rec.train_point(step, loss, grad_norm, lr, wall_s)
+                rec.train_point(step, loss, grad_norm, lr, wall_s, grad_norm_max)
+                grad_norm_max = 0.0
             if is_eval:
                 evals += 1
                 with self.guard.section("eval"):

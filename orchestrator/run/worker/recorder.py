@@ -122,9 +122,13 @@ class Recorder:
             self.client.set_tag(self.mlflow_run_id, "resumed_from_tokens", str(step * self.tps))
         self._t_last, self._tok_last = time.perf_counter(), step * self.tps
 
-    def train_point(self, step: int, loss: float, grad_norm: float, lr: float, wall_s: float) -> None:
+    def train_point(self, step: int, loss: float, grad_norm: float, lr: float, wall_s: float, grad_norm_max: float | None = None) -> None:
         """Queue the training metrics after ``step`` optimizer steps; throughput (and MFU on a
-        known GPU) over the tokens since the previous point; update the progress board."""
+        known GPU) over the tokens since the previous point; update the progress board.
+
+        grad_norm: this step's global gradient norm; grad_norm_max: the largest over the steps
+        since the previous point (``grad_norm_max``; a spike between logged points shows there).
+        """
         if not self.active:
             return
         r, tokens = self.run, step * self.tps
@@ -134,6 +138,7 @@ class Recorder:
         point = {
             "train/loss": loss,
             "grad_norm": grad_norm,
+            "grad_norm_max": grad_norm if grad_norm_max is None else max(grad_norm_max, grad_norm),
             "lr": lr,
             "tokens": tokens,
             "flops": tokens * r.flops_per_token,

@@ -48,7 +48,7 @@ def test_rank_0_writes_the_run(store):
     rec.start(0)
     assert client.get_run(mlflow_id).data.tags["status"] == "running"
     rec.train_point(1, 5.0, 0.5, 1e-3, 0.1)
-    rec.train_point(2, 4.0, 0.4, 2e-3, 0.2)
+    rec.train_point(2, 4.0, 0.4, 2e-3, 0.2, grad_norm_max=7.5)  # a spike between the points
     rec.eval_point(2, 3.0, {"attn/entropy": 1.5})
     rec.checkpoint_point(2, {"checkpoint/bytes": 123.0})
     rec.eval_point(3, 2.5, {})
@@ -58,6 +58,8 @@ def test_rank_0_writes_the_run(store):
     assert r.data.tags["status"] == "finished" and r.data.tags["final_tokens"] == str(3 * tps)
     assert r.info.status == "FINISHED"
     assert _history(client, mlflow_id, "train/loss") == [(tps, 5.0), (2 * tps, 4.0)]
+    assert _history(client, mlflow_id, "grad_norm") == [(tps, 0.5), (2 * tps, 0.4)]  # the step's own
+    assert _history(client, mlflow_id, "grad_norm_max") == [(tps, 0.5), (2 * tps, 7.5)]  # the interval's largest
     assert _history(client, mlflow_id, "flops") == [(tps, tps * run.flops_per_token), (2 * tps, 2 * tps * run.flops_per_token)]
     assert _history(client, mlflow_id, "val/loss") == [(2 * tps, 3.0), (3 * tps, 2.5)]  # the curve windows
     assert _history(client, mlflow_id, "val/ppl")[0][1] == pytest.approx(20.0855, rel=1e-4)  # e^3

@@ -1,0 +1,212 @@
+"""The paper's claims (arXiv 2604.01683) decided against the study's intervals, by one rule.
+
+Each claim is a quantity with a null value (0 for a loss difference, 1 for a ratio), the
+direction the paper reports and, where the paper gives one, its value. With the study's
+interval [low, high] for that quantity (an end censored at the measured range is open):
+
+- *reproduces*: the interval lies on the paper's side of the null and excludes it;
+- *contradicts*: the interval excludes the paper's value (a direction-only claim: the
+  interval lies on the other side of the null and excludes it);
+- *cannot tell*: otherwise.
+
+The tests: paired t on final loss for "coupled beats standard" (at each scale) and
+"coupled beats the uncoupled MLP"; the token ratio's interval (interval.py) for the 2.4x;
+a variance-ratio F interval (two-sided, normal seeds) for the seed-std contrast 0.31 vs 0.04;
+paired t on the per-seed final effective rank for "coupling raises the effective rank".
+Differences are losses in nats (ln perplexity), so a perplexity ratio of the paper is
+compared as its log. Where the study's scale is none of the paper's sizes, the paper's
+smallest (60M) number is the one compared, and the row says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from orchestrator.report.curves import ATTENTION_KEYS, last_value
+from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_scale, paper_variant
+from orchestrator.report.power import paired_verdict
+
+REPRODUCES, CONTRADICTS, CANNOT_TELL = "reproduces", "contradicts", "cannot tell"
+
+
+@dataclass
+class Claim:
+    """One paper claim against the study: estimate and interval in the claim's unit."""
+
+    claim: str
+    scale: str
+    test: str
+    estimate: float
+    low: float
+    high: float
+    null: float
+    paper_value: float | None
+    direction: int  # +1: the paper's value lies above the null, -1: below
+    p_value: float = math.nan
+    decision: str = CANNOT_TELL
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def decide(low: float, high: float, null: float, direction: int, paper_value: float | None) -> str:
+    """The rule of the module docstring. low/high may be -inf/inf (an open end); NaN: cannot tell."""
+    if not (np.isfinite(low) or np.isfinite(high)) or math.isnan(low) or math.isnan(high):
+        return CANNOT_TELL
+    if (direction > 0 and low > null) or (direction < 0 and high < null):
+        return REPRODUCES
+    if paper_value is not None:
+        if paper_value < low or paper_value > high:
+            return CONTRADICTS
+    elif (direction > 0 and high < null) or (direction < 0 and low > null):
+        return CONTRADICTS
+    return CANNOT_TELL
+
+
+def _claim(**kw) -> Claim:
+    c = Claim(**kw)
+    c.decision = decide(c.low, c.high, c.null, c.direction, c.paper_value)
+    return c
+
+
+def _paper_dloss(scale: str, variant: str, against: str) -> tuple[float | None, str]:
+    """ln(paper ppl of variant / paper ppl of against) at the scale (or 60M), and a note."""
+    key = paper_scale(scale)
+    note = "" if key else "the paper's 60M value (the study's scale is none of the paper's sizes)"
+    table = PAPER_PPL[key or "60m"]
+    if variant not in table or against not in table:
+        return None, ""
+    mid = {v: (lo + hi) / 2 for v, (lo, hi) in table.items()}
+    return math.log(mid[variant] / mid[against]), note
+
+
+def _names(variants: list[str]) -> dict[str, str]:
+    """Paper key -> the study's variant name, for the variants the paper has."""
+    return {k: v for v in variants if (k := paper_variant(v))}
+
+
+def _loss_by_seed(finals: pd.DataFrame, scale: str, variant: str, col: str = "final_ppl", log: bool = True) -> dict[int, float]:
+    f = finals[
+        (finals["scale"] == scale)
+        & (finals["variant"] == variant)
+        & (finals["extend"] == 1.0)
+        & finals["complete"]
+        & finals["seed"].notna()
+    ]
+    vals = np.log(f[col]) if log else f[col]
+    return {int(s): float(x) for s, x in zip(f["seed"], vals) if np.isfinite(x)}
+
+
+def _paired_claim(name: str, scale: str, a: dict, b: dict, paper: float | None, direction: int, note: str, test: str) -> Claim | None:
+    pv = paired_verdict(a, b)
+    if pv.n_pairs < 2:
+        return None
+    note = "; ".join(filter(None, [note, pv.unpaired and f"seed(s) {', '.join(map(str, pv.unpaired))} not paired"]))
+    return _claim(
+        claim=name, scale=scale, test=test, estimate=pv.mean_diff, low=pv.low, high=pv.high, null=0.0,
+        paper_value=paper, direction=direction, p_value=pv.p_value, note=note,
+    )  # fmt: skip
+
+
+def variance_ratio(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float]:
+    """(var(a)/var(b), interval low, high, two-sided p of equal variances): the F test and its
+    inverted interval (normal samples; df = n_a - 1, n_b - 1). a, b: shape (n_a,), (n_b,), n >= 2."""
+    ratio = float(np.var(a, ddof=1) / np.var(b, ddof=1))
+    d1, d2 = len(a) - 1, len(b) - 1
+    q = (1 - level) / 2
+    low, high = ratio / stats.f.ppf(1 - q, d1, d2), ratio / stats.f.ppf(q, d1, d2)
+    p = float(min(1.0, 2 * min(stats.f.cdf(ratio, d1, d2), stats.f.sf(ratio, d1, d2))))
+    return ratio, float(low), float(high), p
+
+
+def paper_claims(finals: pd.DataFrame, metrics: pd.DataFrame, scales: list[str], variants: list[str], ratios: list[dict]) -> list[Claim]:
+    """Every claim of the module docstring the study's variants can test, per scale."""
+    names = _names(variants)
+    coupled, standard, mlp = names.get("coupled"), names.get("standard"), names.get("uncoupled_mlp")
+    out: list[Claim] = []
+    rank = last_value(metrics, ATTENTION_KEYS["effective_rank"])
+    for s in scales:
+        if coupled and standard:
+            paper, note = _paper_dloss(s, "coupled", "standard")
+            c = _paired_claim(
+                "coupled has lower loss than standard", s, _loss_by_seed(finals, s, coupled), _loss_by_seed(finals, s, standard),
+                paper, -1, note, "paired t, final loss (nats)",
+            )  # fmt: skip
+            out += [c] if c else []
+            out += _ratio_claim(s, coupled, ratios)
+            out += _rank_claim(s, finals, rank, coupled, standard)
+        if coupled and mlp:
+            paper, note = _paper_dloss(s, "coupled", "uncoupled_mlp")
+            c = _paired_claim(
+                "coupled has lower loss than the uncoupled MLP", s, _loss_by_seed(finals, s, coupled), _loss_by_seed(finals, s, mlp),
+                paper, -1, note, "paired t, final loss (nats)",
+            )  # fmt: skip
+            out += [c] if c else []
+            out += _std_claim(s, finals, coupled, mlp)
+    return out
+
+
+def _ratio_claim(scale: str, variant: str, ratios: list[dict]) -> list[Claim]:
+    r = next((r for r in ratios if r["scale"] == scale and r["variant"] == variant), None)
+    if r is None or r["ci_low"] is None or r["token_ratio"]["value"] is None:
+        return []
+    low = -math.inf if r["ci_low_side"] == "<" else r["ci_low"]
+    high = math.inf if r["ci_high_side"] == ">" else r["ci_high"]
+    note = "an open interval end: the set continues past the reference's runs" if r["ci_low_side"] or r["ci_high_side"] else ""
+    return [
+        _claim(
+            claim=f"standard needs {PAPER_TOKEN_RATIO}x the tokens of coupled",
+            scale=scale,
+            test=f"token-ratio interval ({r['ci_method']})",
+            estimate=r["token_ratio"]["value"],
+            low=low,
+            high=high,
+            null=1.0,
+            paper_value=PAPER_TOKEN_RATIO,
+            direction=1,
+            note=note,
+        )  # fmt: skip
+    ]
+
+
+def _std_claim(scale: str, finals: pd.DataFrame, coupled: str, mlp: str) -> list[Claim]:
+    c = np.array(list(_loss_by_seed(finals, scale, coupled, log=False).values()))
+    m = np.array(list(_loss_by_seed(finals, scale, mlp, log=False).values()))
+    if len(c) < 2 or len(m) < 2 or np.var(c, ddof=1) == 0:
+        return []
+    ratio, low, high, p = variance_ratio(m, c)
+    paper = (PAPER_SEED_STD["uncoupled_mlp"] / PAPER_SEED_STD["coupled"]) ** 2
+    return [
+        _claim(
+            claim="the uncoupled MLP varies more over seeds than coupled (ppl std 0.31 vs 0.04)",
+            scale=scale,
+            test=f"variance ratio, F({len(m) - 1}, {len(c) - 1}) interval",
+            estimate=ratio,
+            low=low,
+            high=high,
+            null=1.0,
+            paper_value=paper,
+            direction=1,
+            p_value=p,
+            note=f"std ratio {math.sqrt(ratio):.2f} (paper {math.sqrt(paper):.2f}); unpaired",
+        )  # fmt: skip
+    ]
+
+
+def _rank_claim(scale: str, finals: pd.DataFrame, rank: pd.Series, coupled: str, standard: str) -> list[Claim]:
+    def by_seed(v: str) -> dict[int, float]:
+        f = finals[
+            (finals["scale"] == scale) & (finals["variant"] == v) & (finals["extend"] == 1.0) & finals["complete"] & finals["seed"].notna()
+        ]
+        vals = rank.reindex(f["run_uuid"]).to_numpy(float)
+        return {int(s): float(x) for s, x in zip(f["seed"], vals) if np.isfinite(x)}
+
+    c = _paired_claim("coupling raises the attention maps' effective rank", scale, by_seed(coupled), by_seed(standard), None, 1, "",
+                      "paired t, final effective rank")  # fmt: skip
+    return [c] if c else []
