@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import curves as C
 from orchestrator.report import currencies, gaps, plots, render, startup, tables, time_split, unigram
+from orchestrator.report import curves as C
 from orchestrator.report.claims import paper_claims
 from orchestrator.report.errors import ReportError
 from orchestrator.report.output import GENERATOR, check_out_dir, jsonable, swap_in, write_file

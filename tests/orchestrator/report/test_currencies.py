@@ -4,8 +4,8 @@ FLOP tax: the variant has the reference's loss per token (k = 1) but 2.6% more F
 (the QK transform's at cpu-xs), and the budget matches FLOPs, so it trains 1/1.026 of the
 tokens: worse at equal FLOPs, no different at equal tokens (the reference read on its curve
 at 97.5% of its tokens carries the writer's schedule gap, 0.03 x 2.5% = 0.0008 nats, inside
-the interval's half-width). A read at 80% is flagged with the bound it implies. Per-token gain: k = 1.5 at token-matched budgets: better at equal
-tokens. Seeds share a large offset (the pairing) and carry a small one of their own.
+the interval's half-width). A read at 80% is flagged with the bound it implies. Per-token
+gain: k = 1.5 at token-matched budgets: better at equal tokens. Seeds share a large offset (the pairing) and carry a small one of their own.
 """
 
 from __future__ import annotations
