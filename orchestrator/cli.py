@@ -79,10 +79,12 @@ def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> Non
     """Validate a spec; print every error with its file and field path (exit code 2)."""
     from orchestrator.plan.inputs import fit_problems
     from orchestrator.plan.spec import SpecError
+    from orchestrator.plan.tune_plan import tuning_problems
 
     s = _load(spec)
     runs = _planned(s)  # a spec that cannot be planned is not valid either
     problems = fit_problems(s, runs)  # nor one whose runs its data or devices cannot support
+    problems += tuning_problems(s, runs)  # nor tuning runs too short to rank learning rates
     if problems:
         raise SpecError(spec, problems)
     n = lambda k, word: f"{k} {word}{'' if k == 1 else 's'}"  # noqa: E731
@@ -96,7 +98,7 @@ def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> Non
 def schema() -> None:
     """Print the JSON Schema of a study spec."""
     from orchestrator.plan.spec import Study
-    from orchestrator.plan.specfile import file_schema
+    from orchestrator.plan.spec_schema import file_schema
 
     print(json.dumps(file_schema(Study), indent=2))
 
@@ -138,6 +140,10 @@ def plan_cmd(
         from orchestrator.plan.tune_plan import tuning_summary
 
         out.print(tuning_summary(s, runs))
+    if s.gate is not None:  # a gated ladder: the compute if every arm trains, and if every other arm stops at rung 1
+        from orchestrator.plan.gate import gate_summary
+
+        out.print(gate_summary(s.gate, s.reference, runs), highlight=False)
     if s.extend:  # the reference's compute under either protocol (branches or independent runs)
         from orchestrator.plan.branch_runs import reference_compute
 
@@ -190,8 +196,13 @@ def run(
     timeline = Timeline.since_process_start().mark("imports")
     s = _load(spec)
     check_local_corpus_paths(s, spec)
+    decide = None
+    if s.gate is not None:  # the gate's numbers are the report's paired contrasts (run never imports report)
+        from orchestrator.report import gate
+
+        decide = gate.decide
     try:
-        res = run_study(s, address=address, console=err, verbose=verbose, wait=wait, timeline=timeline)
+        res = run_study(s, address=address, console=err, verbose=verbose, wait=wait, timeline=timeline, gate_decider=decide)
     except CorpusError as e:  # the spec's field is the one to fix
         raise SpecError(spec, [(f"corpora.{e.corpus_name}" if s.corpora else "corpus", str(e))]) from None
     except FitError as e:
@@ -254,25 +265,37 @@ def report(
     corpus: str | None = typer.Option(None, help="Only this corpus (default: one report per corpus)."),
     no_log: bool = typer.Option(False, "--no-log", help="Do not log the report as an MLflow run."),
     as_json: bool = typer.Option(False, "--json", help="Print the per-scale summary as JSON."),
+    contrast: list[str] = typer.Option(
+        [], "--contrast", help="VARIANT:AGAINST, compared in every currency (repeatable; beside the spec's contrasts)."
+    ),
 ) -> None:
     """Build the study's report from MLflow alone: curves, token ratio, tables, plots."""
     from orchestrator.plan.spec import default_workdir
     from orchestrator.report import build_report
 
     name, uri = _study_uri(study, tracking_uri)
-    ref, expected = reference, None
+    ref, expected, pairs = reference, None, [_contrast_pair(c) for c in contrast]
     if Path(study).is_file():  # the plan says which runs are missing
         from orchestrator.track.data_match import plan_against, study_records
 
         spec = _load(Path(study))
         ref = ref or spec.reference
+        pairs = [tuple(p) for p in spec.contrasts] + pairs
         planned, notes = plan_against(spec, study_records(name, uri))  # on the data MLflow's runs used
         for line in notes:
             err.print(f"[yellow]warning[/]: {escape(line)}")
         expected = [{"variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend, "corpus": r.corpus_name} for r in planned]
     target = out_dir or default_workdir(name) / "report"
     summary = build_report(
-        name, uri, target, reference=ref or "standard", target=target_variant, log_to_mlflow=not no_log, expected=expected, corpus=corpus
+        name,
+        uri,
+        target,
+        reference=ref or "standard",
+        target=target_variant,
+        log_to_mlflow=not no_log,
+        expected=expected,
+        corpus=corpus,
+        contrasts=pairs,
     )
     if as_json:
         print(json.dumps(summary["scales"], indent=2))
@@ -281,6 +304,14 @@ def report(
         if md.exists():
             print(md.read_text())
         err.print(f"report written to {Path(target).resolve()}")  # last, so it stays on screen
+
+
+def _contrast_pair(text: str) -> tuple[str, str]:
+    """'a:b' -> ('a', 'b'); a malformed pair is an input error (exit 2) naming --contrast."""
+    a, sep, b = text.partition(":")
+    if not (sep and a and b) or ":" in b:
+        raise typer.BadParameter(f"{text!r}: give VARIANT:AGAINST, e.g. coupled:uncoupled_mlp", param_hint="--contrast")
+    return a, b
 
 
 @app.command()

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from data_pipeline import CorpusConfig, TokenizerConfig
 from model.config import Architecture
@@ -23,6 +23,7 @@ from model.plugins import PluginError, load_entry_points, load_plugin
 from orchestrator.plan import recipe
 from orchestrator.plan.branches import Protocol, protocol_problems
 from orchestrator.plan.devices import PEAK_FLOPS, peak_flops_of
+from orchestrator.plan.gate import GateSpec
 from orchestrator.plan.ladder import LadderRung, ScaleShape
 from orchestrator.plan.scales import LadderScale, ScaleEntry, dispatch_entries, resolve_scales
 from orchestrator.plan.specfile import (
@@ -51,12 +52,21 @@ __all__ = [
     "ScaleShape",
     "LadderScale",
     "TuneSpec",
+    "GateSpec",
     "default_workdir",
     "parse_spec",
     "load_spec",
 ]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+STUDY_NAME_RULE = "study names use letters, digits, '_', '.', '-' (at most 64), starting alphanumeric"
+
+
+def study_name_ok(name: str) -> bool:
+    """Whether ``name`` can be a study's name (an MLflow experiment, a folder under runs/)."""
+    return _NAME_RE.match(name) is not None
+
+
 WORKDIR_ROOT = Path("runs")
 
 
@@ -273,6 +283,8 @@ class Study(_Strict):
     variants: list[VariantSpec] = Field(min_length=1)
     architecture: Architecture = Field(default_factory=Architecture)
     reference: str = "standard"
+    # Pairs the report compares in every currency beside each variant vs the reference.
+    contrasts: list[tuple[str, str]] = Field(default_factory=list)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     budget: BudgetSpec
     extend: list[float] = Field(default_factory=list)
@@ -281,6 +293,7 @@ class Study(_Strict):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     protocol: Protocol = "independent"
     tune: TuneSpec | None = None
+    gate: GateSpec | None = None
     workdir: str | None = None
     tracking_uri: str | None = None
     storage_path: str | None = None
@@ -292,7 +305,7 @@ class Study(_Strict):
     @classmethod
     def _name_ok(cls, v: str) -> str:
         if not _NAME_RE.match(v):
-            raise ValueError("study names use letters, digits, '_', '.', '-' (at most 64), starting alphanumeric")
+            raise ValueError(STUDY_NAME_RULE)
         return v
 
     @field_validator("variants", mode="before")
@@ -309,6 +322,17 @@ class Study(_Strict):
         names = [x.name for x in v]
         if len(set(names)) != len(names):
             raise ValueError(f"variant names repeat: {names}")
+        return v
+
+    @field_validator("contrasts")
+    @classmethod
+    def _contrasts_ok(cls, v: list[tuple[str, str]], info: ValidationInfo) -> list[tuple[str, str]]:
+        names = [x.name for x in info.data.get("variants") or []]
+        for i, (a, b) in enumerate(v):
+            unknown = [x for x in (a, b) if x not in names]
+            if unknown or a == b:
+                why = f"names {unknown} not among the variants {names}" if unknown else "compares a variant with itself"
+                raise ValueError(f"entry {i} [{a}, {b}] {why}")
         return v
 
     @field_validator("scale_entries", mode="before")
@@ -373,8 +397,20 @@ class Study(_Strict):
         problems = resolved.problems + protocol_problems(self.protocol, self.train.schedule, self.extend)
         if self.tune is not None:
             problems += self._fixed_lrs()
-        raise_problems("Study", problems)
+        raise_problems("Study", problems + self._gate_problems())
         return self
+
+    def _gate_problems(self) -> list[tuple[Loc, str]]:
+        """Why ``gate:`` cannot work on this study: one scale (no larger rung to skip), one seed
+        (no paired interval), or ``tune:`` (its main runs are planned after tuning)."""
+        if self.gate is None:
+            return []
+        why = [
+            (len(set(self._scales)) < 2, f"a gate stops an arm at larger rungs: it needs two or more scales, got {self._scales}"),
+            (len(self.seeds) < 2, f"a gate decides on a paired interval: it needs two or more seeds, got {self.seeds}"),
+            (self.tune is not None, "gate: and tune: cannot be combined (the gated ladder runs untuned studies)"),
+        ]
+        return [(("gate",), msg) for bad, msg in why if bad]
 
     def _fixed_lrs(self) -> list[tuple[Loc, str]]:
         """Every fixed peak LR a ``tune:`` grid would silently override, as problems."""

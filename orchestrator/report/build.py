@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import currencies, gaps, plots, render, startup, tables, time_split, unigram
+from orchestrator.report import currencies, gaps, gate, plots, render, startup, tables, time_split, unigram
 from orchestrator.report import curves as C
 from orchestrator.report.claims import paper_claims
 from orchestrator.report.errors import ReportError
@@ -98,6 +98,7 @@ def build_report(
     summary, tabs, figures = analyse(data, **kw)
     tabs.update(tuning_tables(data.tracking_uri, data.experiment_id))
     unigram.attach(summary, tabs, data.tracking_uri, data.experiment_id, corpus or (corpora[0] if len(corpora) == 1 else None))
+    gate.attach(summary, tabs, data.tracking_uri, data.experiment_id, corpus)  # arms a gated ladder stopped
     time_split.attach(summary, tabs, data.runs, data.metrics)
     startup.attach(summary, tabs, data.runs, data.metrics)
     if corpus is not None:
@@ -119,6 +120,7 @@ def _write(summary: dict, tabs: dict[str, pd.DataFrame], figures: Figures, out: 
     try:
         if run_name is not None:
             from mlflow import MlflowClient
+            from mlflow.exceptions import MlflowException
 
             client = MlflowClient(data.tracking_uri)
             run = client.create_run(data.experiment_id, run_name=run_name, tags={KIND_TAG: KIND_REPORT, "study": data.study})
@@ -140,7 +142,15 @@ def _write(summary: dict, tabs: dict[str, pd.DataFrame], figures: Figures, out: 
             client.set_terminated(run_id, status="FAILED")
         raise
     if client is not None and run_id is not None:
-        client.log_artifacts(run_id, str(out))
+        try:
+            client.log_artifacts(run_id, str(out))
+        except (MlflowException, OSError) as err:  # an artifact store this process cannot write: the report stands, its run failed
+            client.set_terminated(run_id, status="FAILED")
+            where = client.get_run(run_id).info.artifact_uri
+            raise ReportError(
+                f"report written to {out}, but its MLflow run {run_id} could not store it at {where} "
+                f"({type(err).__name__}: {err}); the run is marked FAILED (--no-log skips logging)"
+            ) from None
         client.set_terminated(run_id, status="FINISHED")
     return summary
 

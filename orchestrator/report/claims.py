@@ -107,7 +107,8 @@ def _paired_claim(name: str, scale: str, a: dict, b: dict, paper: float | None, 
     pv = paired_verdict(a, b)
     if pv.n_pairs < 2:
         return None
-    note = "; ".join(filter(None, [note, pv.unpaired and f"seed(s) {', '.join(map(str, pv.unpaired))} not paired"]))
+    unpaired = f"seed(s) {', '.join(map(str, pv.unpaired))} not paired" if pv.unpaired else ""
+    note = "; ".join(filter(None, [note, unpaired]))
     return _claim(
         claim=name, scale=scale, test=test, estimate=pv.mean_diff, low=pv.low, high=pv.high, null=0.0,
         paper_value=paper, direction=direction, p_value=pv.p_value, note=note,

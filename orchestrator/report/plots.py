@@ -192,7 +192,8 @@ def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Pa
 
 
 def _scaling_panel(ax, f: pd.DataFrame, xcol: str, key: str, analysis: dict, cmap: dict[str, str]) -> bool:
-    """Seed-mean points per variant and the accepted fits; True when a fit was drawn."""
+    """Seed-mean points per variant (error bars: +-1 std over seeds) and the accepted fits with
+    their 95% prediction interval of the seed mean at the measured scales; True when a fit was drawn."""
     from orchestrator.report.scaling import PowerLawFit
 
     drawn = False
@@ -204,7 +205,7 @@ def _scaling_panel(ax, f: pd.DataFrame, xcol: str, key: str, analysis: dict, cma
             yerr=p[("final_ppl", "std")].fillna(0),
             fmt="o",
             color=cmap[variant],
-            label=variant,
+            label=f"{variant} (seed mean ± 1 std)",
             capsize=2,
         )
         fit = analysis["fits"].get(variant, {}).get(key, {}).get("fit")
@@ -213,6 +214,12 @@ def _scaling_panel(ax, f: pd.DataFrame, xcol: str, key: str, analysis: dict, cma
             law = PowerLawFit(**fit)
             xs = np.logspace(np.log10(g[xcol].min() / 2), np.log10(g[xcol].max() * 4), 100)
             ax.plot(xs, law.ppl(xs), color=cmap[variant], lw=1, label=f"fit a={law.alpha:.2f}")
+        pred = [q for q in analysis["fits"].get(variant, {}).get(key, {}).get("prediction") or [] if q["low"] is not None]
+        if pred:
+            ax.fill_between(
+                [q["n_params"] for q in pred], np.exp([q["low"] for q in pred]), np.exp([q["high"] for q in pred]),
+                color=cmap[variant], alpha=0.15, lw=0, label=f"{variant}: 95% prediction interval",
+            )  # fmt: skip
     if _log_axes(ax, not f.empty, "runs with this size logged"):
         ax.legend(fontsize=6)
     return drawn

@@ -6,18 +6,33 @@ against x = N (non-embedding parameters) or training FLOPs, as in Kaplan et al. 
 Hoffmann et al. 2022; x0 = geometric mean of x keeps A well conditioned. A fit is made only
 where the data can determine it, else refused with the reason (and never drawn):
 
-- more distinct scales than the law has parameters (3; 2 when the exponent is fixed by the
-  caller, which the report then says);
+- at least two more distinct scales than the law has parameters (5 for 3; 4 when the
+  exponent is fixed by the caller, which the report then says): with one spare scale a
+  3-parameter law passes through almost any four points;
 - the seed-mean loss falls with x from every scale to the next (bigger models that got
   fewer steps can have higher loss: no power law in x describes that);
 - the best fit is not on a parameter bound (alpha in [1e-3, 3], E in [0, min loss], A >= 0):
   a fit on a bound is the optimiser running out of room, not an estimate.
 
+Prediction interval (vs N): at each measured scale, the 95% interval of the seed mean of that
+scale's seeds, the regression prediction interval fit(N) +- t_dof sqrt(var_fit + s^2 / n):
+s^2 = the runs' residual variance about the fit (SSE / (runs - parameters): seed noise and lack
+of fit), var_fit the variance of the fitted curve at N over a parametric bootstrap (new runs =
+fit + Normal(0, s^2), each refitted from the fit's start; OLMo-core's ladder analysis
+bootstraps its fits the same way), s^2 / n the new seed mean's own noise, t with the residual
+degrees of freedom (the uncertainty of s itself). Its coverage is simulated in
+tests/orchestrator/report/test_fit_coverage.py (PI_COVERAGE).
+
+Backtest: the law fitted to every scale but the largest (allowed with one spare scale, and
+said so) predicts the largest; the report gives the prediction, its interval, the seed mean
+observed there and the error.
+
 Crossover: the N where a variant's advantage 1 - ppl_v(N) / ppl_ref(N) reaches zero, from
-the two accepted fits, searched from the smallest measured N to CROSSOVER_SPAN times the
-largest. It is predicted only where the variant is better at the smallest measured scale
-(seed means), else "no advantage at the smallest measured scale". Its interval is a
-percentile bootstrap over seeds, resampled jointly for the variant and the reference (the
+the two accepted fits, searched from the smallest measured N to CROSSOVER_LIMIT times the
+largest: beyond the largest measured N it is labelled an extrapolation, beyond the limit it is
+refused (not printed). It is predicted only where the variant is better at the smallest
+measured scale (seed means), else "no advantage at the smallest measured scale". Its interval
+is a percentile bootstrap over seeds, resampled jointly for the variant and the reference (the
 same seeds at each scale: the pairing) where their seeds match; draws whose refits are
 refused are counted and reported.
 """
@@ -30,10 +45,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 from scipy.optimize import OptimizeWarning, curve_fit
 
 ALPHA_BOUNDS = (1e-3, 3.0)
-CROSSOVER_SPAN = 100.0  # the crossover is searched up to this many times the largest measured N
+CROSSOVER_LIMIT = 10.0  # a crossover past this many times the largest measured N is refused
+SPARE_SCALES = 2  # a fit needs this many more distinct scales than the law has parameters
+PI_DRAWS = 200  # parametric bootstrap draws of a prediction interval
+# Measured coverage of the nominal 95% prediction interval (test_fit_coverage.py: 100
+# repetitions of a 5-rung law, 2 or 3 seeds per rung, seed noise 0.01 nats; in-sample: a fresh
+# seed mean at each of the 5 measured rungs, held-out: the backtest's largest rung):
+# (where, seeds) -> fraction of intervals holding the seed mean.
+PI_COVERAGE: dict[tuple[str, int], float] = {("in-sample", 2): 0.94, ("in-sample", 3): 0.944, ("held-out", 2): 0.94, ("held-out", 3): 0.96}
 AXES = {"N": ("n_params", "N"), "flops": ("final_flops", "training FLOPs")}
 
 
@@ -75,7 +98,7 @@ def fit_power_law(
     x, loss = np.asarray(x, float), np.asarray(loss, float)
     ok = np.isfinite(x) & np.isfinite(loss) & (x > 0)
     x, loss = x[ok], loss[ok]
-    if len(np.unique(x)) <= (2 if alpha is not None else 3):
+    if len(np.unique(x)) <= (2 if alpha is not None else 3):  # no residual degree of freedom at all
         return None
     x0 = float(np.exp(np.log(x).mean()))
     u, lo = x / x0, float(loss.min())
@@ -116,11 +139,12 @@ def _on_bound(E: float, A: float, alpha: float, lo: float, fixed: float | None) 
     return None
 
 
-def refusal(points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None) -> str | None:
+def refusal(points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None, spare: int = SPARE_SCALES) -> str | None:
     """Why no law can be fitted to points (columns scale, `x`, loss), or None.
 
-    Checks the number of distinct scales against the law's parameters and that the seed-mean
-    loss falls from every scale to the next in x; every failed check is named ("; ").
+    Checks the number of distinct scales against the law's parameters (at least `spare`
+    more) and that the seed-mean loss falls from every scale to the next in x; every failed
+    check is named ("; ").
     """
     pts = points[np.isfinite(points[x]) & (points[x] > 0)]
     if pts.empty:
@@ -128,9 +152,9 @@ def refusal(points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None)
     means = pts.groupby("scale")[[x, "loss"]].mean().sort_values(x)
     n_par, k = (2 if fixed_alpha is not None else 3), len(means)
     why = []
-    if k <= n_par:
+    if k < n_par + spare:
         why.append(
-            f"{k} scale{'s' if k != 1 else ''} for a {n_par}-parameter law: a fit needs at least {n_par + 1} distinct "
+            f"{k} scale{'s' if k != 1 else ''} for a {n_par}-parameter law: a fit needs at least {n_par + spare} distinct "
             "scales" + ("" if fixed_alpha is not None else ", or a fixed exponent")
         )
     rise = np.nonzero(np.diff(means["loss"].to_numpy()) >= 0)[0]
@@ -143,9 +167,11 @@ def refusal(points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None)
     return "; ".join(why) or None
 
 
-def fit_axis(points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None = None) -> tuple[PowerLawFit | None, str | None]:
+def fit_axis(
+    points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None = None, spare: int = SPARE_SCALES
+) -> tuple[PowerLawFit | None, str | None]:
     """(fit, None) when a law is supported by points (columns scale, `x`, loss), else (None, reason)."""
-    reason = refusal(points, x, label, fixed_alpha)
+    reason = refusal(points, x, label, fixed_alpha, spare)
     if reason:
         return None, reason
     fit = fit_power_law(points[x].to_numpy(), points["loss"].to_numpy(), alpha=fixed_alpha)
@@ -154,6 +180,81 @@ def fit_axis(points: pd.DataFrame, x: str, label: str, fixed_alpha: float | None
     if fit.bound:
         return None, f"the best fit sits on the parameter bound {fit.bound}"
     return fit, None
+
+
+def prediction_interval(
+    pts: pd.DataFrame, fit: PowerLawFit, fixed_alpha: float | None, at: np.ndarray, n_new: np.ndarray, rng: np.random.Generator,
+    draws: int = PI_DRAWS, level: float = 0.95,
+) -> tuple[np.ndarray, np.ndarray, float] | None:  # fmt: skip
+    """(low, high, fraction of refused refits) of the `level` prediction interval of the seed
+    mean of n_new[i] new runs at N = at[i]: fit(at) +- t_dof sqrt(var_fit + s^2 / n_new), the
+    regression prediction interval with the fit's variance var_fit from a parametric bootstrap
+    (module docstring). pts: the fitted runs (columns n_params, loss in nats); at, n_new: shape
+    (k,). None when the runs leave no residual degree of freedom or most refits are refused."""
+    x, y = pts["n_params"].to_numpy(float), pts["loss"].to_numpy(float)
+    dof = len(x) - (3 if fixed_alpha is None else 2)
+    if dof < 1:
+        return None
+    s2 = float(np.sum((y - fit.loss(x)) ** 2) / dof)
+    at, n_new = np.asarray(at, float), np.asarray(n_new, float)
+    preds, refused = [], 0
+    for _ in range(draws):
+        # a refit on a bound still counts: dropping those draws would trim the tails the interval is about
+        f = _refit(pts.assign(loss=fit.loss(x) + rng.normal(0.0, np.sqrt(s2), len(x))), fit, fixed_alpha, keep_bound=True)
+        if f is None:
+            refused += 1
+            continue
+        preds.append(f.loss(at))
+    if len(preds) < draws // 2:
+        return None
+    half = stats.t.ppf(0.5 + level / 2, dof) * np.sqrt(np.var(np.array(preds), axis=0, ddof=1) + s2 / n_new)
+    centre = fit.loss(at)
+    return centre - half, centre + half, refused / draws
+
+
+def _predict_scales(g: pd.DataFrame, fit: PowerLawFit, fixed_alpha: float | None, rng: np.random.Generator) -> list[dict]:
+    """Per measured scale: N, seeds, observed seed-mean loss, the fit's loss and its prediction interval."""
+    per = g.groupby("scale").agg(n_params=("n_params", "median"), loss=("loss", "mean"), n_seeds=("loss", "size")).sort_values("n_params")
+    pi = prediction_interval(g, fit, fixed_alpha, per["n_params"].to_numpy(), per["n_seeds"].to_numpy(), rng)
+    return [
+        {
+            "scale": str(sc),
+            "n_params": float(r.n_params),
+            "n_seeds": int(r.n_seeds),
+            "observed": float(r.loss),
+            "predicted": float(fit.loss(r.n_params)),
+            "low": None if pi is None else float(pi[0][i]),
+            "high": None if pi is None else float(pi[1][i]),
+        }  # fmt: skip
+        for i, (sc, r) in enumerate(per.iterrows())
+    ]
+
+
+def backtest(g: pd.DataFrame, fixed_alpha: float | None, rng: np.random.Generator) -> dict:
+    """Fit every scale but the largest (one spare scale allowed), predict the largest.
+
+    g: one variant's finished planned runs (columns scale, n_params, loss). Returns held_out
+    (scale), n_params, n_seeds, predicted, low, high (prediction interval of its seed mean),
+    observed (its seed mean), error (observed - predicted, nats), covered, n_fit_scales, and
+    reason (None, or why no backtest).
+    """
+    order = g.groupby("scale")["n_params"].median().sort_values()
+    largest = order.index[-1]
+    train, held = g[g["scale"] != largest], g[g["scale"] == largest]
+    fit, reason = fit_axis(train, "n_params", "N", fixed_alpha, spare=1)
+    out: dict[str, Any] = {"held_out": str(largest), "n_fit_scales": int(train["scale"].nunique()), "reason": reason}
+    if fit is None:
+        return out
+    x, n = float(order.iloc[-1]), len(held)
+    pi = prediction_interval(train, fit, fixed_alpha, np.array([x]), np.array([n]), rng)
+    observed, predicted = float(held["loss"].mean()), float(fit.loss(x))
+    low = high = covered = None
+    if pi is not None:
+        low, high = float(pi[0][0]), float(pi[1][0])
+        covered = bool(low <= observed <= high)
+    return out | dict(
+        n_params=x, n_seeds=n, predicted=predicted, low=low, high=high, observed=observed, error=observed - predicted, covered=covered
+    )
 
 
 def crossover_scale(ref: PowerLawFit, var: PowerLawFit, n_min: float, n_max: float) -> float | None:
@@ -182,7 +283,10 @@ def scaling_analysis(
     finals: curves.run_finals output. Returns {"fixed_alpha": fixed_alpha, "fits": {variant:
     {"n_scales": int, "N": {"fit": dict | None, "reason": str | None}, "flops": {...}}},
     "crossover": {variant: {"n": float | None, "ci": [lo, hi] | None, "note": str,
-    "failed_draws": float | None}}}; fit dicts have E, A, alpha, x0, rmse, bound.
+    "failed_draws": float | None, "extrapolation": bool}}}; fit dicts have E, A, alpha, x0,
+    rmse, bound. An accepted N fit also has "prediction" (per measured scale: observed and
+    predicted seed-mean loss with its prediction interval, _predict_scales) and every variant a
+    "backtest" (backtest(), or {"reason": ...}).
     """
     rng = rng or np.random.default_rng(0)
     f = finals[(finals["extend"] == 1.0) & finals["complete"]].copy()
@@ -196,6 +300,15 @@ def scaling_analysis(
             fits[variant][axis] = {"fit": None if fit is None else vars(fit), "reason": reason}
             if axis == "N":
                 objs[variant] = (fit, reason)
+        sized = g[np.isfinite(g["n_params"])]
+        if (n_fit := objs[variant][0]) is not None:
+            fits[variant]["N"]["prediction"] = _predict_scales(sized, n_fit, fixed_alpha, rng)
+        n_par, k = 3 if fixed_alpha is None else 2, sized["scale"].nunique()
+        fits[variant]["backtest"] = (
+            backtest(sized, fixed_alpha, rng)
+            if k >= n_par + SPARE_SCALES
+            else {"reason": f"{k} scales: a backtest holds out the largest and fits {n_par + 1} or more others"}
+        )
     cross = {}
     for variant in objs:
         if variant != reference and reference in objs:
@@ -207,7 +320,7 @@ def _crossover(
     f: pd.DataFrame, variant: str, reference: str, objs: dict, n_boot: int, rng: np.random.Generator, fixed_alpha: float | None
 ) -> dict:
     """The crossover entry of one variant (see scaling_analysis)."""
-    out: dict = {"n": None, "ci": None, "note": "", "failed_draws": None}
+    out: dict = {"n": None, "ci": None, "note": "", "failed_draws": None, "extrapolation": False}
     both = f[f["variant"].isin([variant, reference]) & np.isfinite(f["n_params"])]
     means = both.groupby(["scale", "variant"])[["n_params", "final_ppl"]].mean().unstack("variant").dropna()
     if means.empty:
@@ -224,11 +337,17 @@ def _crossover(
             out["note"] = f"no crossover prediction: the {who} fit vs N is refused: {objs[who][1]}"
             return out
     ref_fit, var_fit = objs[reference][0], objs[variant][0]
-    out["n"] = crossover_scale(ref_fit, var_fit, n_min, n_max * CROSSOVER_SPAN)
+    out["n"] = crossover_scale(ref_fit, var_fit, n_min, n_max * CROSSOVER_LIMIT)
+    out["extrapolation"] = out["n"] is not None and out["n"] > n_max
     if out["n"] is None:
-        out["note"] = f"the fits do not cross up to {CROSSOVER_SPAN:g}x the largest measured N ({n_max * CROSSOVER_SPAN:.3g})"
+        out["note"] = (
+            f"refused: the fits do not cross within {CROSSOVER_LIMIT:g}x the largest measured N ({n_max * CROSSOVER_LIMIT:.3g}); "
+            "a crossover further out is not estimated"
+        )
+    elif out["extrapolation"]:
+        out["note"] = f"an extrapolation: beyond the largest measured N ({n_max:.3g})"
     draws, failed, note = _boot_crossovers(
-        both, variant, reference, (ref_fit, var_fit), n_boot, rng, fixed_alpha, (n_min, n_max * CROSSOVER_SPAN)
+        both, variant, reference, (ref_fit, var_fit), n_boot, rng, fixed_alpha, (n_min, n_max * CROSSOVER_LIMIT)
     )
     out["failed_draws"] = failed
     if note:
@@ -284,8 +403,8 @@ def _boot_crossovers(
     return np.array(out), refused / n_boot, note
 
 
-def _refit(pts: pd.DataFrame, fit: PowerLawFit, fixed_alpha: float | None) -> PowerLawFit | None:
-    """One bootstrap refit from the full-data fit's start; None when refused (bound or no fit)."""
+def _refit(pts: pd.DataFrame, fit: PowerLawFit, fixed_alpha: float | None, keep_bound: bool = False) -> PowerLawFit | None:
+    """One bootstrap refit from the full-data fit's start; None when refused (no fit, or on a bound unless keep_bound)."""
     start = [(fit.alpha, min(fit.E / max(float(pts["loss"].min()), 1e-9), 0.99))]
     f = fit_power_law(pts["n_params"].to_numpy(), pts["loss"].to_numpy(), alpha=fixed_alpha, starts=start)
-    return None if f is None or f.bound else f
+    return None if f is None or (f.bound and not keep_bound) else f

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from orchestrator.report import startup, time_split, tuning, unigram
+from orchestrator.report import gate, startup, time_split, tuning, unigram
 from orchestrator.report.interval import COVERAGE
 from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
+from orchestrator.report.scaling import CROSSOVER_LIMIT, PI_COVERAGE, SPARE_SCALES
 
 CONVENTIONS = 'README, "Conventions the numbers depend on"'
 
@@ -75,6 +76,7 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
         cost(summary, tables),
         time_spent(summary, tables),
         *([start_up(tables)] if startup.TABLE in tables else []),
+        *([Section("Gated arms", gate.section_text(summary), gate.display(tables[gate.TABLE]))] if gate.TABLE in tables else []),
         problems(summary, tables),
         missing_inputs(summary),
     ]
@@ -364,13 +366,57 @@ def scaling(summary: dict) -> Section:
     fixed = f" with the exponent fixed at alpha = {sc['fixed_alpha']:g} (not fitted)" if sc.get("fixed_alpha") is not None else ""
     text = [
         f"L = E + A (x/x0)^-alpha fitted to final val loss (nats/token, = ln perplexity){fixed}, x0 the geometric mean of "
-        "x. A fit needs more distinct scales than the law has parameters and a seed-mean loss that falls with x from every "
-        "scale to the next; a fit on a parameter bound is refused too. Refused fits are not drawn. Crossover: the N where "
-        f"a variant's perplexity advantage over `{ref}` reaches zero, from two accepted fits, with a 95% bootstrap "
-        "interval over seeds (paired where the seeds match):",
+        "x. A fit needs at least two more distinct scales than the law has parameters (5 for 3) and a seed-mean loss "
+        "that falls with x from every scale to the next; a fit on a parameter bound is refused too. Refused fits are not "
+        f"drawn. {_coverage_sentence()}",
+        *_prediction_lines(sc["fits"]),
+        "Backtest: the law fitted without the largest scale predicts it (the fit's reach, measured):",
+        *_backtest_lines(sc["fits"], 2 if sc.get("fixed_alpha") is not None else 3),
+        f"Crossover: the N where a variant's perplexity advantage over `{ref}` reaches zero, from two accepted fits, with "
+        f"a 95% bootstrap interval over seeds (paired where the seeds match); beyond the largest measured N it is an "
+        f"extrapolation, beyond {CROSSOVER_LIMIT:g}x it is refused:",
         *_crossover_lines(sc["crossover"]),
     ]
     return Section("Scaling", text, pd.DataFrame(rows), ["scaling.png"])
+
+
+def _coverage_sentence() -> str:
+    cov = ", ".join(f"{v:.1%} ({where}, {n} seeds)" for (where, n), v in sorted(PI_COVERAGE.items()))
+    return (
+        "Prediction intervals (95%) are of a scale's seed-mean loss, from a parametric bootstrap of the fit; their "
+        f"coverage, simulated on 5-scale laws with known parameters: {cov}."
+    )
+
+
+def _prediction_lines(fits: dict) -> list[str]:
+    out = []
+    for v, d in fits.items():
+        pred = d["N"].get("prediction")
+        if not pred:
+            continue
+        cells = "; ".join(
+            f"{p['scale']} {p['predicted']:.4f} [{fmt(p['low'], '.4f')}, {fmt(p['high'], '.4f')}] observed {p['observed']:.4f}"
+            for p in pred
+        )
+        out.append(f"`{v}` vs N, predicted [95% interval] and observed seed-mean loss (nats): {cells}.")
+    return out
+
+
+def _backtest_lines(fits: dict, n_par: int) -> list[str]:
+    out = []
+    for v, d in fits.items():
+        b = d.get("backtest") or {}
+        if b.get("predicted") is None:
+            out.append(f"`{v}`: no backtest: {b.get('reason') or 'no fit'}.")
+            continue
+        inside = {True: "inside its interval", False: "OUTSIDE its interval", None: "no interval"}[b["covered"]]
+        out.append(
+            f"`{v}`: fitted to {b['n_fit_scales']} scales, predicts {b['held_out']} (N = {b['n_params']:.3g}) at "
+            f"{b['predicted']:.4f} nats [{fmt(b['low'], '.4f')}, {fmt(b['high'], '.4f')}]; observed {b['observed']:.4f} "
+            f"over {b['n_seeds']} seeds: error {b['error']:+.4f} nats, {inside}."
+            + (" Fitted with one spare scale only." if b["n_fit_scales"] < n_par + SPARE_SCALES else "")
+        )
+    return out
 
 
 def _crossover_lines(cross: dict) -> list[str]:

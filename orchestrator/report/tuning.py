@@ -4,24 +4,31 @@ Why: a study with ``tune:`` trains every (variant, scale) at the grid's argmin o
 val loss (``orchestrator.plan.tuning.choose_lr``); the report shows the grid it chose from,
 the chosen LR, and flags a best LR at an end of the grid (the optimum may lie outside it).
 The choice is recomputed here from the tuning runs MLflow holds (kind ``tune``) with the
-same function the runner used, so the table and the trained LRs cannot disagree.
+same function the runner used, so the table and the trained LRs cannot disagree: a study
+whose driver recorded its rule (the experiment tag ``qkstudy.tune``: initial grid, seeds,
+per-corpus arms) is chosen by it, with its corpora's unigram perplexities as the bar, and
+its table adds the grid points edge extensions added (``extended``), the LRs whose runs
+ended above unigram (``above_unigram``) and the choice's ``note`` ("interior after 1
+extension", "at the lowest edge after 2 extensions"); a store without the tag (tuned
+before the rule) gets the plain grid argmin it trained at, in the columns it always had.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 
-from orchestrator.plan.tuning import KIND, TuningResult, choose_lr
-from orchestrator.track.tracking import client_for, find_train_runs, run_status
+from orchestrator.plan.tuning import KIND, ArmKey, LrChoice, TuningResult, arm_key, choose_lr
+from orchestrator.track.tracking import client_for, find_train_runs, run_status, tune_from_tags, unigram_from_tags
 
 TABLE = "tuning"
 
 
 def tuning_results(tracking_uri: str, experiment_id: str) -> list[TuningResult]:
     """Every tuning run of the experiment as a `TuningResult` (lr from its ``lr`` param, val
-    loss from ``final/val_loss``, status from its tag)."""
+    loss from ``final/val_loss``, status and corpus from its tags)."""
     client = client_for(tracking_uri)
     out = []
     for rec in find_train_runs(client, experiment_id, KIND).values():
@@ -34,17 +41,26 @@ def tuning_results(tracking_uri: str, experiment_id: str) -> list[TuningResult]:
                 int(t.get("seed", 0)),
                 rec.data.metrics.get("final/val_loss"),
                 run_status(rec),
+                t.get("corpus", ""),
             )
         )
     return out
 
 
-def tuning_table(results: list[TuningResult]) -> pd.DataFrame:
+def tuning_table(
+    results: list[TuningResult], record: dict[str, Any] | None = None, unigram: dict[str, float] | None = None
+) -> pd.DataFrame:
     """One row per (variant, scale): ``lr <g>`` columns with the mean tuning val loss over
     seeds (nats/token; inf: a seed failed or diverged; NaN: no result), ``chosen_lr``,
-    ``edge`` (``lowest`` / ``highest`` / ``only`` or empty) and ``seeds``. Empty without results."""
+    ``edge`` (``lowest`` / ``highest`` / ``only`` or empty) and ``seeds``. Empty without results.
+
+    ``record``: the driver's tuning rule (``track.tracking.tune_from_tags``); with it the
+    choice is the driver's (`_ruled_table`), ``unigram`` (corpus -> unigram perplexity per
+    token) the bar a run must end below."""
     if not results:
         return pd.DataFrame()
+    if record is not None:
+        return _ruled_table(results, record, unigram or {})
     grid = sorted({r.lr for r in results})
     seeds = sorted({r.seed for r in results})
     rows = []
@@ -56,23 +72,56 @@ def tuning_table(results: list[TuningResult]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _ruled_table(results: list[TuningResult], record: dict[str, Any], unigram: dict[str, float]) -> pd.DataFrame:
+    """`tuning_table` by the recorded rule: per arm (plus ``corpus`` under per-corpus tuning)
+    the losses over its own grid, the choice, ``extended`` (the points beyond the initial grid
+    and how many below / above), ``above_unigram`` (LRs with a run above it) and ``note``."""
+    grid, per_corpus = [float(g) for g in record["grid"]], bool(record.get("per_corpus"))
+    extra: dict[ArmKey, set[float]] = {}
+    for r in results:
+        if not any(math.isclose(r.lr, g, rel_tol=1e-9) for g in grid):
+            extra.setdefault(arm_key(r.variant, r.scale, r.corpus if per_corpus else None), set()).add(r.lr)
+    choices = choose_lr(results, grid, record["seeds"], unigram=unigram, extra=extra, per_corpus=per_corpus)
+    columns = sorted({g for c in choices.values() for g in c.table})
+    rows = [_ruled_row(c, columns, len(record["seeds"]), per_corpus) for _, c in sorted(choices.items())]
+    return pd.DataFrame(rows)
+
+
+def _ruled_row(c: LrChoice, columns: list[float], n_seeds: int, per_corpus: bool) -> dict[str, object]:
+    """One arm's row of `_ruled_table` (an LR outside the arm's grid: NaN)."""
+    row: dict[str, object] = {"variant": c.variant, "scale": c.scale, **({"corpus": c.corpus} if per_corpus else {})}
+    row.update({f"lr {g:g}": c.table.get(g, math.nan) for g in columns})
+    below, above = c.extended
+    grid = sorted(c.table)
+    ext = grid[:below] + grid[len(grid) - above :]  # the extensions lie beyond the initial grid's ends
+    said = f"{', '.join(f'{g:g}' for g in ext)} ({below} below, {above} above)" if ext else ""
+    row.update({"chosen_lr": c.lr, "edge": c.edge or "", "seeds": n_seeds, "missing": len(c.missing)})
+    row.update({"extended": said, "above_unigram": ", ".join(f"{g:g}" for g in c.above_unigram), "note": c.note})
+    return row
+
+
 def tuning_tables(tracking_uri: str, experiment_id: str) -> dict[str, pd.DataFrame]:
     """``{"tuning": table}`` when the study has tuning runs, else ``{}`` (build.py merges it
-    into the report's tables)."""
-    table = tuning_table(tuning_results(tracking_uri, experiment_id))
+    into the report's tables); chosen by the driver's recorded rule when the experiment holds
+    one (``qkstudy.tune``), with its corpora's unigram perplexities as the bar."""
+    tags = client_for(tracking_uri).get_experiment(experiment_id).tags
+    unigram = {c: float(u["val_ppl"]) for c, u in unigram_from_tags(tags).items()}
+    table = tuning_table(tuning_results(tracking_uri, experiment_id), tune_from_tags(tags), unigram)
     return {TABLE: table} if len(table) else {}
 
 
 def section_text(table: pd.DataFrame) -> list[str]:
-    """The section's sentences: what the numbers are, and every arm whose best LR is at an
-    end of the grid."""
+    """The section's sentences: what the numbers are, every arm whose best LR is at an end of
+    the grid (after how many extensions, by the recorded rule), whose grid was extended, whose
+    runs ended above unigram, or that has runs without a result."""
     text = [
         "Final `final/val_loss` (nats/token) of the short tuning runs, mean over tuning seeds, per peak "
         "learning rate; each (variant, scale) trained its main runs at `chosen_lr`, the grid's argmin "
         "(inf: a seed failed or diverged)."
     ]
     for _, r in table.iterrows():
-        if r["edge"] in ("lowest", "highest"):
+        text += _rule_sentences(r)
+        if r["edge"] in ("lowest", "highest") and not r.get("extended"):
             text.append(
                 f"`{r['variant']}` @ {r['scale']}: the best LR {r['chosen_lr']:g} is the {r['edge']} of the grid; "
                 "the optimum may lie outside it (widen the grid)."
@@ -80,6 +129,23 @@ def section_text(table: pd.DataFrame) -> list[str]:
         if r["missing"]:
             text.append(f"`{r['variant']}` @ {r['scale']}: {r['missing']} tuning run(s) without a result.")
     return text
+
+
+def _rule_sentences(r: pd.Series) -> list[str]:
+    """The sentences of a row chosen by the recorded rule (`_ruled_row`): extensions, the
+    unigram bar, no usable LR; [] for a row of a store without the rule."""
+    if "note" not in r.index:
+        return []
+    arm = f"`{r['variant']}` @ {r['scale']}" + (f" on {r['corpus']}" if "corpus" in r.index else "")
+    out = []
+    if r["extended"]:
+        still = "; the optimum may lie beyond it (raise tune.extend_edges)" if "edge after" in r["note"] else ""
+        out.append(f"{arm}: the grid was extended at the grid's own ratio to {r['extended']}; the best LR is {r['note']}{still}.")
+    if r["above_unigram"]:
+        out.append(f"{arm}: the tuning runs at LR {r['above_unigram']} ended above their corpus's unigram perplexity: never chosen.")
+    if r["chosen_lr"] is None or r["chosen_lr"] != r["chosen_lr"]:
+        out.append(f"{arm}: no usable LR (every point failed, diverged, ended above unigram or has no result).")
+    return out
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.plan.spec import default_workdir
+from orchestrator.plan.spec import STUDY_NAME_RULE, default_workdir, study_name_ok
 from orchestrator.track.lease import DEFAULT_TTL_S, STUDY_LEASE, Holder, read_lease, run_lease_name
+from orchestrator.track.store_probe import probe_store
 from orchestrator.track.tracking import (
     STATUS_FAILED,
     STATUS_FINISHED,
@@ -23,6 +24,7 @@ from orchestrator.track.tracking import (
 )
 
 STATUS_PLANNED = "planned"  # in the plan, not in MLflow yet (a row of this view only, never a tag)
+STATUS_GATED = "gated"  # in the plan, not trained by design: a gated ladder stopped its arm (track.gate_record)
 
 
 class StudyNotFound(ValueError):
@@ -32,8 +34,10 @@ class StudyNotFound(ValueError):
 def study_uri(study: str, tracking_uri: str | None = None) -> tuple[str, str]:
     """(study name, tracking URI) of STUDY given as a spec path or a study name: the spec's
     store, else ``tracking_uri``, ``MLFLOW_TRACKING_URI`` or the default work dir's. Raises
-    SpecError for a spec that does not validate, TrackingURIError for a ``tracking_uri`` (or
-    ``MLFLOW_TRACKING_URI``, when it is the one used) that MLflow has no store for."""
+    SpecError for a spec that does not validate, StudyNotFound for a name a study cannot have,
+    TrackingURIError for a ``tracking_uri`` (or ``MLFLOW_TRACKING_URI``, when it is the one
+    used) that MLflow has no store for, StoreUnreachable for a database store that does not
+    answer (``track.store_probe``: one bounded attempt, not MLflow's 100 s of retries)."""
     import os
 
     from orchestrator.plan.spec import load_spec
@@ -44,10 +48,15 @@ def study_uri(study: str, tracking_uri: str | None = None) -> tuple[str, str]:
     p = Path(study)
     if p.suffix in (".yaml", ".yml") or p.is_file():
         s = load_spec(p)
-        return s.name, tracking_uri or study_tracking_uri(s)
-    if tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
-        check_tracking_uri(os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI")
-    return study, named_study_uri(study, tracking_uri)
+        name, uri = s.name, tracking_uri or study_tracking_uri(s)
+    else:
+        if not study_name_ok(study):
+            raise StudyNotFound(f"STUDY {study!r} is neither a spec file nor a study name ({STUDY_NAME_RULE})")
+        if tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
+            check_tracking_uri(os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI")
+        name, uri = study, named_study_uri(study, tracking_uri)
+    probe_store(uri)
+    return name, uri
 
 
 def lease_storage(study: str, spec: Any | None = None) -> str:
@@ -146,19 +155,31 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None, warn: C
         planned, notes = plan_against(spec, runs.values())  # ids cover the data, as the runner's do
         for line in notes:
             (warn or (lambda _: None))(line)
+        gated = _gated(study, tracking_uri, spec, db)
         for run in planned:
             if run.run_id not in runs:
+                why = gated.get((run.corpus_name, run.variant, run.scale))
                 rows.append(
                     {
                         "run_name": run.run_name,
                         "run_id": run.run_id,
-                        "status": STATUS_PLANNED,
+                        "status": STATUS_PLANNED if why is None else STATUS_GATED,
                         "tokens": None,
                         "planned_tokens": run.tokens,
                         "val_ppl": None,
-                        "note": "",
+                        "note": why or "",
                         "lease": "",
                     }
                 )
-    order = {STATUS_RUNNING: 0, STATUS_FAILED: 1, STATUS_QUEUED: 2, STATUS_PLANNED: 3, STATUS_FINISHED: 4}
+    order = {STATUS_RUNNING: 0, STATUS_FAILED: 1, STATUS_QUEUED: 2, STATUS_PLANNED: 3, STATUS_FINISHED: 4, STATUS_GATED: 5}
     return sorted(rows, key=lambda r: (order.get(r["status"], 9), r["run_name"]))
+
+
+def _gated(study: str, tracking_uri: str, spec: Any, db: Path | None) -> dict[tuple[str, str, str], str]:
+    """(corpus, variant, scale) -> the evidence's sentence, for every scale a gated ladder's
+    stopped arm skips (``track.gate_record``); {} for an ungated spec or a missing store."""
+    if getattr(spec, "gate", None) is None or (db is not None and not db.is_file()):
+        return {}
+    from orchestrator.track.gate_record import recorded_gates
+
+    return {(e.corpus, e.variant, s): e.sentence() for e in recorded_gates(tracking_uri, study) for s in e.skipped}

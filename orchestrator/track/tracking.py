@@ -20,6 +20,7 @@ password into a shared report or a terminal log.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -41,6 +42,9 @@ STATUS_QUEUED, STATUS_RUNNING, STATUS_FINISHED, STATUS_FAILED = "queued", "runni
 # Experiment tags, one pair per corpus of the study: the unigram perplexity of its val split
 # (data_pipeline.unigram) and the val tokens it scored; the report reads them beside the finals.
 UNIGRAM_PPL_TAG, UNIGRAM_VAL_TOKENS_TAG = "qkstudy.unigram_ppl", "qkstudy.unigram_val_tokens"
+# Experiment tag of a tuned study: the rule its LRs were chosen by (JSON: the initial grid,
+# tuning seeds, extend_edges, min_steps, per_corpus), so the report recomputes the same choice.
+TUNE_TAG = "qkstudy.tune"
 STORE_FILE = "mlflow.db"
 REDACTED = "***"
 
@@ -285,6 +289,18 @@ def set_unigram_tags(client: MlflowClient, experiment_id: str, corpus: str, val_
     perplexity per token (``data_pipeline.unigram``) and the val tokens scored."""
     client.set_experiment_tag(experiment_id, f"{UNIGRAM_PPL_TAG}.{corpus}", repr(float(val_ppl)))
     client.set_experiment_tag(experiment_id, f"{UNIGRAM_VAL_TOKENS_TAG}.{corpus}", str(int(val_tokens)))
+
+
+def set_tune_tag(client: MlflowClient, experiment_id: str, record: dict[str, Any]) -> None:
+    """Record a tuned study's choice rule (``orchestrator.plan.tune_plan.tune_record``) on its experiment."""
+    client.set_experiment_tag(experiment_id, TUNE_TAG, json.dumps(record, sort_keys=True))
+
+
+def tune_from_tags(tags: dict[str, str]) -> dict[str, Any] | None:
+    """The record ``set_tune_tag`` wrote, or None (an untuned study, or one tuned before the
+    record existed: its LRs were the plain grid argmin)."""
+    value = tags.get(TUNE_TAG)
+    return json.loads(value) if value else None
 
 
 def unigram_from_tags(tags: dict[str, str]) -> dict[str, dict[str, Any]]:

@@ -64,7 +64,8 @@ from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_Q
 @dataclass
 class StudyResult:
     """What happened to each planned run: ``status`` maps run_id -> finished / failed /
-    skipped / unschedulable; ``reasons`` holds why a run failed or was not launched."""
+    skipped / unschedulable, or gated (a gated ladder stopped its arm, ``run.driver.study``);
+    ``reasons`` holds why a run failed or was not launched."""
 
     status: dict[str, str] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
@@ -72,8 +73,8 @@ class StudyResult:
 
     @property
     def ok(self) -> bool:
-        """True when every planned run finished (now or in an earlier submission)."""
-        return all(s in ("finished", "skipped") for s in self.status.values())
+        """True when every planned run finished (now or in an earlier submission) or was gated."""
+        return all(s in ("finished", "skipped", "gated") for s in self.status.values())
 
 
 DASHBOARD_ENV = "QKSTUDY_RAY_DASHBOARD"

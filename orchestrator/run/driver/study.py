@@ -11,7 +11,12 @@ protocol plans the tuning runs (``orchestrator.plan.tune_plan.plan_tuning``), tr
 through the normal run path (``run_runs``: finished ones are found by id and skipped, so a
 resubmit reuses them), reads their final val loss and status from MLflow, chooses per arm the
 grid argmin, and plans and trains the main runs with ``tuned_lr`` (the LR enters their
-identity through ``train.lr``).
+identity through ``train.lr``). A run above its corpus's unigram perplexity (the experiment's
+``qkstudy.unigram_ppl.<corpus>`` tags, set by the tuning stage's ``run_runs``) is never chosen;
+an arm whose best LR is at an edge of its grid gets one more point beyond it per round
+(``tune_plan.extensions``, at most ``tune.extend_edges`` per side), trained in the same stage,
+until every arm is interior or at its bound. The rule is recorded on the experiment
+(``qkstudy.tune``) so the report recomputes the same choice.
 
 One driver across both stages: the protocol takes the study lease (``run.driver.leasing.study_lease``)
 once, before the tuning runs, and holds it (heartbeating, ``track.lease``) through the LR
@@ -19,25 +24,42 @@ choice and the main runs; both ``run_runs`` calls run under it (``lease=``) inst
 their own. A second ``qkstudy run`` at any point of the study, between the stages too, is
 refused (exit code 2, naming the holder) or waits with ``--wait``.
 
-Layering: this module imports ``runner`` (the executor); ``runner`` never imports it.
+A study with ``gate:`` runs the gated ladder (``run_gated_study``, ``orchestrator.plan.gate``):
+rung by rung (scales by the reference's N), each rung one ``run_runs`` call under one study
+lease; after a rung the gate's decider compares every still-training variant with the
+reference there, and a stopped arm's runs at the larger rungs are not trained (status
+``gated``, the evidence recorded as an experiment tag, ``track.gate_record``). A resubmit
+decides again from the same finished runs, so it trains the same runs.
+
+Layering: this module imports ``runner`` (the executor); ``runner`` never imports it. The
+gate's numbers are the report's paired contrasts (``orchestrator.report.gate.decide``), which
+the run stage may not import: the CLI passes that function in (``gate_decider``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator.plan.contract import RunSpec
+from orchestrator.plan.gate import GateDecider, GateEvidence, GateSpec, rungs
 from orchestrator.plan.inputs import FitError, corpus_hashes, fit_problems, plan_study
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import Study
 from orchestrator.plan.throughput import throughput_table
-from orchestrator.plan.tune_plan import choose, plan_tuning, tuned_lrs
-from orchestrator.plan.tuning import KIND, LrChoice
+from orchestrator.plan.tune_plan import choose, extensions, plan_tuned, plan_tuning, run_key, tune_record, tuned_lrs, tuning_problems
+from orchestrator.plan.tuning import KIND, ArmKey, LrChoice
 from orchestrator.run.driver.leasing import study_lease
 from orchestrator.run.driver.records import existing_runs
 from orchestrator.run.driver.runner import StudyResult, run_runs
+from orchestrator.track.gate_record import record_gate
 from orchestrator.track.timeline import Timeline
-from orchestrator.track.tracking import run_status, study_tracking_uri
+from orchestrator.track.tracking import client_for, ensure_experiment, run_status, set_tune_tag, study_tracking_uri, unigram_from_tags
+
+GATED = "gated"  # the StudyResult status of a run its arm's gate stopped
 
 
 def run_study(
@@ -49,6 +71,7 @@ def run_study(
     max_in_flight: int | None = None,
     wait: bool = False,
     timeline: Timeline | None = None,
+    gate_decider: GateDecider | None = None,
 ) -> StudyResult:
     """Train every planned run of ``study`` that is not already finished (with ``tune:``, its
     tuning runs first, then its main runs at the chosen LRs: ``run_tuned_study``), holding the
@@ -63,6 +86,8 @@ def run_study(
         wait: when another driver holds the study's lease, wait for it (``run.driver.leasing``).
         timeline: the command's start-up marks so far (``track.timeline``); the first stage's
             runs continue it, a later stage's start their own at its start.
+        gate_decider: with ``gate:``, the gate's decision (``orchestrator.report.gate.decide``;
+            ``run_gated_study``).
 
     Returns:
         StudyResult with every run's final state (also in MLflow, which is the record).
@@ -71,7 +96,21 @@ def run_study(
         orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
         orchestrator.run.driver.prepare_tasks.CorpusError: see ``runner.run_runs``; also a corpus whose files
             cannot be read to compute its content hash.
+        ValueError: a study with ``gate:`` and no ``gate_decider``.
     """
+    if study.gate is not None:
+        if gate_decider is None:
+            raise ValueError(f"study {study.name!r} has a gate: run_study needs gate_decider (orchestrator.report.gate.decide)")
+        return run_gated_study(
+            study,
+            gate_decider,
+            address=address,
+            console=console,
+            verbose=verbose,
+            max_in_flight=max_in_flight,
+            wait=wait,
+            timeline=timeline,
+        )
     if study.tune is not None:
         return run_tuned_study(
             study, address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, wait=wait, timeline=timeline
@@ -98,10 +137,55 @@ def tuning_outcomes(tracking_uri: str, study_name: str, runs: list[RunSpec]) -> 
     return {rid: (rec.data.metrics.get("final/val_loss"), run_status(rec)) for rid, rec in existing.items() if rid in ids}
 
 
-def _print_choices(choices: dict[tuple[str, str], LrChoice], console: Console) -> None:
-    for (variant, scale), c in sorted(choices.items()):
-        edge = f" [yellow](at the {c.edge} end of the grid)[/]" if c.edge in ("lowest", "highest") else ""
-        console.print(f"tuned {variant} @ {scale}: lr {c.lr:g} (tuning val loss {c.val_loss:.4f}){edge}")
+def _print_choices(choices: dict[ArmKey, LrChoice], console: Console) -> None:
+    for _, c in sorted(choices.items()):
+        notes = [c.note] if c.note else []
+        if c.above_unigram:
+            notes.append("above unigram at lr " + ", ".join(f"{g:g}" for g in c.above_unigram))
+        said = f" [yellow]({'; '.join(notes)})[/]" if notes else ""
+        arm = f"{c.variant} @ {c.scale}" + (f" on {c.corpus}" if c.corpus else "")
+        console.print(f"tuned {arm}: lr {c.lr:g} (tuning val loss {c.val_loss:.4f}){said}")
+
+
+def unigram_ppls(tracking_uri: str, study_name: str) -> dict[str, float]:
+    """corpus -> unigram perplexity per token, from the study's experiment tags ({} before any)."""
+    exp = client_for(tracking_uri).get_experiment_by_name(study_name)
+    return {c: float(u["val_ppl"]) for c, u in unigram_from_tags(exp.tags).items()} if exp is not None else {}
+
+
+def _tune(
+    study: Study,
+    untuned: list[RunSpec],
+    tuning: list[RunSpec],
+    stage: Callable[..., StudyResult],
+    uri: str,
+    console: Console,
+    timeline: Timeline | None,
+) -> tuple[StudyResult, list[RunSpec], dict[ArmKey, LrChoice]]:
+    """The tuning stage: the grid's runs, then round by round the runs of the points edge
+    extensions add (``tune_plan.extensions``) until none does. Returns the stage's statuses,
+    every tuning run and the final choices."""
+    assert study.tune is not None
+    console.print(f"[bold]tuning[/]: {len(tuning)} runs ({len(study.tune.lr)} learning rates per arm)")
+    result = stage(tuning, timeline)
+    client = client_for(uri)
+    set_tune_tag(client, ensure_experiment(client, study.name), tune_record(study))
+    while True:
+        choices = choose(study, tuning, tuning_outcomes(uri, study.name, tuning), unigram_ppls(uri, study.name))
+        known = {r.run_id for r in tuning}
+        extra = extensions(study, tuning, choices)
+        new = [r for r in plan_tuning(study, untuned, extra) if r.run_id not in known] if extra else []
+        if not new:
+            return result, tuning, choices
+        grown = sorted({f"{'/'.join(run_key(study, r))} to lr {r.train.lr:g}" for r in new})
+        console.print(f"[bold]tuning[/]: a best LR at the grid's edge; extending {', '.join(grown)} ({len(new)} runs)")
+        # every tuning run again, not only the new: records of an arm's slot that a submission
+        # does not plan are superseded (run.driver.records); finished ones are skipped by id
+        tuning = tuning + new
+        more = stage(tuning)
+        result.status.update({k: v for k, v in more.status.items() if v != "skipped" or k not in result.status})
+        result.reasons.update(more.reasons)
+        result.wall_s += more.wall_s
 
 
 def run_tuned_study(
@@ -132,9 +216,11 @@ def run_tuned_study(
     uri, storage = study_tracking_uri(study), study.resolved_storage_path
     table, data = throughput_table(study), corpus_hashes(study, True)
     untuned = plan(study, table, data)
-    tuning = plan_tuning(study, untuned)
-    # the main runs' tokens and shapes are known before tuning (it picks only their LR)
-    if problems := fit_problems(study, tuning + untuned):
+    # the main runs' tokens and shapes are known before tuning (it picks only their LR); tuning
+    # runs too short to rank learning rates (tune.min_steps) are refused with them
+    problems = tuning_problems(study, untuned)
+    tuning = [] if problems else plan_tuning(study, untuned)
+    if problems := problems + fit_problems(study, tuning + untuned):
         raise FitError(problems)
     with study_lease(study.name, storage, console, wait=wait) as lease:
 
@@ -152,10 +238,8 @@ def run_tuned_study(
                 timeline=timeline,
             )
 
-        console.print(f"[bold]tuning[/]: {len(tuning)} runs ({len(study.tune.lr) if study.tune else 0} learning rates per arm)")
-        result = stage(tuning, timeline)
-        choices = choose(study, tuning, tuning_outcomes(uri, study.name, tuning))
-        incomplete = sorted(k for k, c in choices.items() if not c.complete) + sorted({(r.variant, r.scale) for r in tuning} - set(choices))
+        result, tuning, choices = _tune(study, untuned, tuning, stage, uri, console, timeline)
+        incomplete = sorted(k for k, c in choices.items() if not c.complete) + sorted({run_key(study, r) for r in tuning} - set(choices))
         try:
             if incomplete:
                 raise ValueError(f"tuning runs of {incomplete} have no result yet")
@@ -164,8 +248,101 @@ def run_tuned_study(
             console.print(f"[red]main runs not planned[/]: {e}")
             return result
         _print_choices(choices, console)
-        main = stage(plan(study, table, data, tuned_lr=lrs))
+        main = stage(plan_tuned(study, table, data, lrs))
     main.status.update(result.status)
     main.reasons.update(result.reasons)
     main.wall_s += result.wall_s
     return main
+
+
+def run_gated_study(
+    study: Study,
+    decide: GateDecider,
+    *,
+    address: str | None = None,
+    console: Console | None = None,
+    verbose: bool = False,
+    max_in_flight: int | None = None,
+    wait: bool = False,
+    timeline: Timeline | None = None,
+) -> StudyResult:
+    """The gated ladder (module docstring) under one study lease taken here (the other
+    arguments as ``run_study`` takes them). ``decide``: the gate's evidence after each rung
+    but the last (``orchestrator.plan.gate.GateDecider``).
+
+    Returns every run's status; a stopped arm's runs at the larger rungs are ``gated``, with
+    the evidence's sentence as their reason.
+
+    Raises:
+        orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
+        orchestrator.run.driver.prepare_tasks.CorpusError: see ``runner.run_runs``.
+        orchestrator.plan.inputs.FitError: a run over ``budget.max_epochs`` or the declared
+            device memory, before the lease, Ray or MLflow.
+        ValueError: ``study`` has no ``gate:``.
+    """
+    if study.gate is None:
+        raise ValueError(f"study {study.name!r} has no gate: run it with run_study")
+    gate = study.gate
+    console = console or Console(stderr=True)
+    uri, storage = study_tracking_uri(study), study.resolved_storage_path
+    runs = plan_study(study)
+    ladder = rungs(study.reference, runs)
+    result = StudyResult()
+    stopped: dict[tuple[str, str], GateEvidence] = {}
+    with study_lease(study.name, storage, console, wait=wait) as lease:
+        for k, scale in enumerate(ladder):
+            todo = [r for r in runs if r.scale == scale and (r.corpus_name, r.variant) not in stopped]
+            console.print(f"[bold]rung {k + 1}/{len(ladder)}[/] ({scale}): {len(todo)} runs")
+            first = timeline if k == 0 else None  # a later rung's runs start their own timeline
+            res = run_runs(
+                todo,
+                study.name,
+                uri,
+                storage,
+                address=address,
+                console=console,
+                verbose=verbose,
+                max_in_flight=max_in_flight,
+                lease=lease,
+                timeline=first,
+            )
+            result.status.update(res.status)
+            result.reasons.update(res.reasons)
+            result.wall_s += res.wall_s
+            if k + 1 < len(ladder):
+                alive = {(r.corpus_name, r.variant) for r in todo}
+                stopped |= _gate_rung(study, gate, decide, uri, scale, k + 1, alive, ladder[k + 1 :], console)
+    for r in runs:
+        if (ev := stopped.get((r.corpus_name, r.variant))) is not None and r.scale in ev.skipped:
+            result.status[r.run_id], result.reasons[r.run_id] = GATED, ev.sentence()
+    return result
+
+
+def _gate_rung(
+    study: Study,
+    gate: GateSpec,
+    decide: GateDecider,
+    uri: str,
+    scale: str,
+    rung: int,
+    alive: set[tuple[str, str]],
+    larger: list[str],
+    console: Console,
+) -> dict[tuple[str, str], GateEvidence]:
+    """The gate after rung ``rung`` (``scale``) on the ``alive`` (corpus, variant) arms (those
+    that trained there): each one's evidence printed and recorded (``track.gate_record``; a
+    stopped arm's with the ``larger`` scales it skips); returns the stopped ones' evidence by
+    (corpus, variant). An arm stopped earlier is not decided again, so its record stays."""
+    client = client_for(uri)
+    exp_id = ensure_experiment(client, study.name)
+    out = {}
+    for ev in decide(uri, study.name, study.reference, gate, scale, rung, sorted({v for _, v in alive})):
+        if (ev.corpus, ev.variant) not in alive:
+            continue  # stopped on this corpus at an earlier rung, still training on another
+        if ev.stopped:
+            ev = dataclasses.replace(ev, skipped=tuple(larger))
+            out[(ev.corpus, ev.variant)] = ev
+        record_gate(client, exp_id, ev)
+        colour = "red" if ev.stopped else "green"
+        console.print(f"gate [{colour}]{escape(ev.variant)}[/] ({escape(ev.corpus)}): {escape(ev.sentence())}")
+    return out

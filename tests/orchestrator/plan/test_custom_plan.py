@@ -3,12 +3,13 @@
 import math
 
 import pytest
+import yaml
 
 from model import count_model
 from orchestrator.plan.ladder import custom_recipe
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.plan.tune_plan import choose, plan_tuning, tuned_lrs, tuning_summary
+from orchestrator.plan.tune_plan import choose, extensions, plan_tuned, plan_tuning, tuned_lrs, tuning_summary
 from orchestrator.plan.tuning import KIND
 
 LADDER = {"ladder": {"targets": ["600k", "2.2M", "6.3M"], "head_dim": 32, "aspect_ratio": 40, "seq_len": 128}}
@@ -82,7 +83,7 @@ def test_tuned_lr_enters_identity_only_for_its_arm():
             assert b == a
 
 
-TUNE = {"lr": [0.001, 0.003, 0.01], "tokens": 0.25, "seeds": [7]}
+TUNE = {"lr": [0.001, 0.003, 0.01], "tokens": 0.25, "seeds": [7], "min_steps": 8}
 
 
 def test_tuning_runs_are_their_own_kind_with_stable_ids():
@@ -133,3 +134,64 @@ def test_chosen_lr_is_the_grid_argmin_and_drives_the_main_runs():
     # every seed diverging leaves no LR: refused, naming the arm
     with pytest.raises(ValueError, match="standard"):
         tuned_lrs(study, choose(study, tuning, {r.run_id: (None, "diverged") for r in tuning}))
+
+
+def _outcomes(tuning, curve):
+    """Synthetic finished outcomes: each tuning run's loss from ``curve(variant, lr)``."""
+    return {r.run_id: (curve(r.variant, r.train.lr), "finished") for r in tuning}
+
+
+def test_an_edge_arm_plans_one_more_point_per_round_at_the_grid_ratio_and_keeps_the_old_ids():
+    study = _study(scales=["cpu-xs"], budget={"mode": "tokens", "tokens": 65536}, tune={**TUNE, "extend_edges": 1})
+    untuned = plan(study)
+    tuning = plan_tuning(study, untuned)
+    # standard's optimum lies below the grid (known answer 3.333e-4); differential's inside it (0.003)
+    best = {"standard": 3.333e-4, "differential": 0.003}
+    curve = lambda v, lr: 3.0 + math.log(lr / best[v]) ** 2  # noqa: E731
+    choices = choose(study, tuning, _outcomes(tuning, curve))
+    extra = extensions(study, tuning, choices)
+    assert extra == {("standard", "cpu-xs"): [3.333e-4]}  # the interior arm does not extend
+    grown = plan_tuning(study, untuned, extra)
+    new = [r for r in grown if r.run_id not in {t.run_id for t in tuning}]
+    assert [(r.variant, r.train.lr, r.steps) for r in new] == [("standard", 3.333e-4, tuning[0].steps)]
+    assert new[0].run_name == "tune-standard-cpu-xs-lr0.0003333-s7"
+    assert {r.run_id for r in tuning} <= {r.run_id for r in grown}  # the grid's runs keep their ids
+    choices = choose(study, grown, _outcomes(grown, curve))
+    assert choices["standard", "cpu-xs"].lr == 3.333e-4 and choices["standard", "cpu-xs"].note == "at the lowest edge after 1 extension"
+    assert extensions(study, grown, choices) == {}  # the bound: one extension per side
+
+
+def test_per_corpus_tuning_tunes_and_trains_each_corpus_at_its_own_lr():
+    corpora = {"code": {"source": "stdlib"}, "prose": {"source": "stdlib", "max_documents": 50}}
+    study = _study(scales=["cpu-xs"], corpora=corpora, budget={"mode": "tokens", "tokens": 65536}, tune={**TUNE, "per_corpus": True})
+    untuned = plan(study)
+    tuning = plan_tuning(study, untuned)
+    assert len(tuning) == 2 * 2 * 3 and {r.corpus_name for r in tuning} == {"code", "prose"}
+    assert len({r.run_id for r in tuning}) == len(tuning) and all(r.run_name.endswith(f"@{r.corpus_name}") for r in tuning)
+    best = {"code": 0.01, "prose": 0.001}
+    outcomes = {r.run_id: (3.0 + math.log(r.train.lr / best[r.corpus_name]) ** 2, "finished") for r in tuning}
+    lrs = tuned_lrs(study, choose(study, tuning, outcomes))
+    assert lrs == {(v, "cpu-xs", c): best[c] for v in ("standard", "differential") for c in best}
+    main = plan_tuned(study, None, None, lrs)
+    assert [r.run_id for r in main] != [r.run_id for r in untuned] and len(main) == len(untuned)
+    assert {(r.corpus_name, r.train.lr) for r in main} == {("code", 0.01), ("prose", 0.001)}
+    # negative control: without per_corpus the arms are tuned on the first corpus only, one LR each
+    shared = _study(scales=["cpu-xs"], corpora=corpora, budget={"mode": "tokens", "tokens": 65536}, tune=TUNE)
+    assert {r.corpus_name for r in plan_tuning(shared, plan(shared))} == {"code"}
+
+
+def test_validate_refuses_tuning_runs_shorter_than_min_steps_naming_the_file_and_field(tmp_path):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    doc = {**BASE, "scales": ["cpu-xs"], "budget": {"mode": "tokens", "tokens": 65536}, "tune": {"lr": [0.001, 0.003], "tokens": 0.25}}
+    spec = tmp_path / "short.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    res = CliRunner().invoke(app, ["validate", str(spec)])
+    flat = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert f"{spec}: tune.tokens: tuning runs of standard @ cpu-xs would be 8 optimizer steps, fewer than tune.min_steps (50)" in flat
+    # negative control: at a minimum the runs reach, the spec is valid
+    spec.write_text(yaml.safe_dump({**doc, "tune": {**doc["tune"], "min_steps": 8}}))
+    assert CliRunner().invoke(app, ["validate", str(spec)]).exit_code == 0

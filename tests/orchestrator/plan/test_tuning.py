@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator.plan.ladder import FieldError
-from orchestrator.plan.tuning import Arm, TuneSpec, TuningResult, choose_lr, tuning_flops, tuning_runs, tuning_steps
+from orchestrator.plan.tuning import Arm, TuneSpec, TuningResult, choose_lr, extension_lrs, tuning_flops, tuning_runs, tuning_steps
 
 TPS = 16 * 128
 ARMS = [
@@ -54,7 +54,7 @@ def test_bad_grids_are_refused_naming_the_field(kw, loc, msg):
 
 
 def test_tuning_runs_per_variant_scale_lr_seed_with_their_own_identity():
-    tune = TuneSpec(lr=[1e-3, 3e-3, 1e-2], tokens=0.25, seeds=[0, 1])
+    tune = TuneSpec(lr=[1e-3, 3e-3, 1e-2], tokens=0.25, seeds=[0, 1], min_steps=1)
     runs = tuning_runs(tune, ARMS, default_seeds=[5, 6, 7])
     assert len(runs) == 4 * 3 * 2 and all(r.kind == "tune" for r in runs)
     steps = {(r.variant, r.scale): r.steps for r in runs}
@@ -72,20 +72,20 @@ def test_tuning_runs_per_variant_scale_lr_seed_with_their_own_identity():
     assert r.run_name == "tune-standard-cpu-xs-lr0.001-s0" and r.tokens == 25 * TPS
     assert r.total_flops == 25 * TPS * 10_000
     # default seeds: the study's first
-    assert {r.seed for r in tuning_runs(TuneSpec(lr=[1e-3], tokens=4096), ARMS, [5, 6])} == {5}
+    assert {r.seed for r in tuning_runs(TuneSpec(lr=[1e-3], tokens=4096, min_steps=1), ARMS, [5, 6])} == {5}
 
 
 def test_absolute_tuning_tokens_round_to_steps_and_tiny_budgets_are_refused():
-    assert tuning_steps(TuneSpec(lr=[1e-3], tokens=10_000), ARMS[0]) == 5  # 10000 / 2048 = 4.88
+    assert tuning_steps(TuneSpec(lr=[1e-3], tokens=10_000, min_steps=5), ARMS[0]) == 5  # 10000 / 2048 = 4.88
     with pytest.raises(FieldError) as e:
-        tuning_runs(TuneSpec(lr=[1e-3], tokens=500), ARMS, [0])
+        tuning_runs(TuneSpec(lr=[1e-3], tokens=500, min_steps=1), ARMS, [0])
     assert e.value.loc == ("tune", "tokens") and "less than one optimizer step" in str(e.value)
     with pytest.raises(FieldError):
-        tuning_steps(TuneSpec(lr=[1e-3], tokens=0.001), ARMS[0])  # 0.1 steps
+        tuning_steps(TuneSpec(lr=[1e-3], tokens=0.001, min_steps=1), ARMS[0])  # 0.1 steps
 
 
 def test_tuning_compute_is_separate_and_adds_up():
-    runs = tuning_runs(TuneSpec(lr=[1e-3, 3e-3], tokens=0.5), ARMS, [0])
+    runs = tuning_runs(TuneSpec(lr=[1e-3, 3e-3], tokens=0.5, min_steps=1), ARMS, [0])
     flops = tuning_flops(runs)
     assert flops[("standard", "cpu-xs")] == 2 * 50 * TPS * 10_000
     assert flops[("coupled", "cpu-s")] == 2 * 39 * TPS * 41_000
@@ -158,3 +158,105 @@ def test_choice_per_arm_with_missing_runs_and_string_round_tripped_lrs():
     assert s.lr == 3e-3 and not s.complete and s.missing == ((1e-2, 0),) and math.isnan(s.table[1e-2])
     c = out[("coupled", "cpu-s")]
     assert c.lr == 1e-2 and c.edge == "highest" and c.missing == ((3e-3, 0),)
+
+
+def _curve(best_lr, floor=3.0, width=0.5):
+    """A loss-vs-LR bowl in log LR with its minimum ``floor`` at ``best_lr``: a known answer."""
+    return lambda lr: floor + width * math.log(lr / best_lr) ** 2
+
+
+def _tune_loop(curve, grid, max_per_side, unigram=None, loss_of=None):
+    """What the driver does, on synthetic losses: choose, extend the edge arms, train, choose
+    again, until no arm extends. Returns (the final choice, the LRs trained in order)."""
+    trained, extra = list(grid), {}
+    while True:
+        results = [_res("s", lr, 0, curve(lr), **(loss_of or {})) for lr in trained]
+        choice = choose_lr(results, grid, [0], unigram=unigram, extra=extra)[("s", "cpu-xs")]
+        more = extension_lrs({("s", "cpu-xs"): choice}, grid, max_per_side)
+        if not more:
+            return choice, trained
+        extra.setdefault(("s", "cpu-xs"), []).append(more["s", "cpu-xs"])
+        trained.append(more["s", "cpu-xs"])
+
+
+def test_an_optimum_below_the_grid_extends_to_it_by_the_grid_ratio_and_ends_interior():
+    c, trained = _tune_loop(_curve(3e-4), GRID, max_per_side=2)
+    assert trained[3:] == [3.333e-4, 1.111e-4]  # 1e-3 / 3, then / 3 again: the grid's own ratio
+    assert c.lr == 3.333e-4 and c.edge is None and c.extended == (2, 0) and c.note == "interior after 2 extensions"
+    assert sorted(c.table) == [1.111e-4, 3.333e-4, *GRID]
+
+
+def test_an_optimum_above_the_grid_extends_upward():
+    c, trained = _tune_loop(_curve(4e-2), GRID, max_per_side=2)
+    assert trained[3:] == [pytest.approx(3.333e-2), pytest.approx(0.1111)] and c.lr == 3.333e-2 and c.extended == (0, 2)
+
+
+def test_the_bound_stops_the_extension_and_the_choice_says_it_is_still_at_the_edge():
+    c, trained = _tune_loop(_curve(1e-5), GRID, max_per_side=2)
+    assert len(trained) == 5 and c.lr == 1.111e-4 and c.edge == "lowest"
+    assert c.note == "at the lowest edge after 2 extensions"
+    # extend_edges 0 never extends: the edge is reported as before
+    c0, trained0 = _tune_loop(_curve(1e-5), GRID, max_per_side=0)
+    assert trained0 == GRID and c0.lr == 1e-3 and c0.note == "at the lowest edge of the grid"
+
+
+def test_negative_control_an_interior_optimum_does_not_extend():
+    c, trained = _tune_loop(_curve(3e-3), GRID, max_per_side=2)
+    assert trained == GRID and c.lr == 3e-3 and c.extended == (0, 0) and c.note == ""
+    # nor does an arm with a tuning run still missing, nor a one-point grid (it has no ratio)
+    partial = choose_lr([_res("s", 1e-3, 0, 3.0), _res("s", 3e-3, 0, 3.5)], GRID, [0])
+    assert extension_lrs(partial, GRID, 2) == {}
+    assert extension_lrs(choose_lr([_res("s", 1e-3, 0, 3.0)], [1e-3], [0]), [1e-3], 2) == {}
+
+
+def test_a_run_above_the_unigram_perplexity_is_flagged_and_never_chosen():
+    unigram = {"stdlib": math.exp(5.5)}  # ln(unigram ppl) = 5.5 nats/token
+    loss = {(1e-3, 0): 4.6, (1e-3, 1): 4.6, (3e-3, 0): 4.5, (3e-3, 1): 4.5, (1e-2, 0): 2.0, (1e-2, 1): 6.0}
+    # 1e-2 seed 1 ends above unigram, though its point's mean (4.0) is the lowest
+    results = [TuningResult("s", "cpu-xs", lr, seed, x, "finished", "stdlib") for (lr, seed), x in loss.items()]
+    c = choose_lr(results, GRID, [0, 1], unigram=unigram)[("s", "cpu-xs")]
+    assert c.lr == 3e-3 and c.above_unigram == (1e-2,) and c.table[1e-2] == pytest.approx(4.0)
+    # negative controls: with the bar above every run, without one, or with another corpus's bar, 1e-2 wins
+    assert choose_lr(results, GRID, [0, 1], unigram={"stdlib": math.exp(7.0)})[("s", "cpu-xs")].lr == 1e-2
+    assert choose_lr(results, GRID, [0, 1])[("s", "cpu-xs")].lr == 1e-2
+    other = choose_lr(results, GRID, [0, 1], unigram={"kerneldoc": math.exp(5.5)})[("s", "cpu-xs")]
+    assert other.lr == 1e-2 and other.above_unigram == ()
+
+
+def test_when_every_point_is_above_unigram_nothing_is_chosen_and_the_grid_grows_toward_the_lowest_loss():
+    results = [TuningResult("s", "cpu-xs", lr, 0, loss, "finished", "c") for lr, loss in zip(GRID, [7.0, 6.5, 6.2])]
+    c = choose_lr(results, GRID, [0], unigram={"c": math.exp(6.0)})["s", "cpu-xs"]
+    assert c.lr is None and c.above_unigram == tuple(GRID) and c.note == ""
+    assert extension_lrs({("s", "cpu-xs"): c}, GRID, 2) == {("s", "cpu-xs"): pytest.approx(3.333e-2)}
+
+
+def test_per_corpus_tuning_chooses_each_corpus_its_own_lr():
+    best = {"code": 1e-2, "prose": 1e-3}
+    results = [TuningResult("s", "cpu-xs", lr, 0, _curve(best[corpus])(lr), "finished", corpus) for corpus in best for lr in GRID]
+    per = choose_lr(results, GRID, [0], per_corpus=True)
+    assert {k: c.lr for k, c in per.items()} == {("s", "cpu-xs", "code"): 1e-2, ("s", "cpu-xs", "prose"): 1e-3}
+    assert per["s", "cpu-xs", "code"].corpus == "code"
+    # negative control: one (variant, scale) arm over both corpora's runs
+    assert set(choose_lr(results, GRID, [0])) == {("s", "cpu-xs")}
+
+
+def test_tuning_runs_shorter_than_min_steps_are_refused_naming_the_fields():
+    with pytest.raises(FieldError) as e:
+        tuning_steps(TuneSpec(lr=[1e-3], tokens=0.25), ARMS[0])  # 25 steps, default minimum 50
+    assert e.value.loc == ("tune", "tokens")
+    assert (
+        "tuning runs of standard @ cpu-xs would be 25 optimizer steps, fewer than tune.min_steps (50): "
+        "give at least 102,400 tokens (a fraction >= 0.5 of the planned budget), or lower tune.min_steps"
+    ) in str(e.value)
+    # negative control: at the minimum it plans
+    assert tuning_steps(TuneSpec(lr=[1e-3], tokens=0.5), ARMS[0]) == 50
+
+
+def test_extension_and_min_steps_fields_are_validated():
+    t = TuneSpec(lr=[1e-3, 3e-3], tokens=0.25)
+    assert (t.extend_edges, t.min_steps, t.per_corpus) == (2, 50, False)
+    assert TuneSpec(lr=[1e-3], tokens=0.25).extend_edges == 2  # the default on a one-point grid: never used
+    loc, msg = _err(lr=[1e-3], extend_edges=1)
+    assert loc == ("extend_edges",) and "a one-point grid has no ratio to extend by" in msg
+    assert TuneSpec(lr=[1e-3], tokens=0.25, extend_edges=0).extend_edges == 0
+    assert _err(extend_edges=-1)[0] == ("extend_edges",) and _err(min_steps=0)[0] == ("min_steps",)

@@ -10,10 +10,14 @@ gain: k = 1.5 at token-matched budgets: better at equal tokens. Seeds share a la
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
+from orchestrator.cli import app
 from orchestrator.report import curves as C
 from orchestrator.report.currencies import contrast_table, decomposition, matched_currency, with_defaults
 from orchestrator.report.query import query_study
@@ -38,11 +42,18 @@ PER_TOKEN = SyntheticStudy(
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory):
+def store_uri(tmp_path_factory):
     uri = f"sqlite:///{tmp_path_factory.mktemp('currencies') / 'mlflow.db'}"
-    out = {}
     for study in (FLOP_TAX, PER_TOKEN):
         write_synthetic_study(study, uri)
+    return uri
+
+
+@pytest.fixture(scope="module")
+def stores(store_uri):
+    uri = store_uri
+    out = {}
+    for study in (FLOP_TAX, PER_TOKEN):
         data = query_study(study.study, uri)
         out[study.study] = (C.run_finals(data.runs, data.metrics), data.metrics)
     return out
@@ -135,3 +146,43 @@ def test_a_read_before_the_first_eval_point_is_no_verdict():
 def test_named_contrasts_join_the_default_ones_once():
     got = with_defaults([("coupled", "uncoupled_mlp"), ("standard", "coupled")], ["coupled", "standard", "uncoupled_mlp"], "standard")
     assert got == [("coupled", "standard"), ("uncoupled_mlp", "standard"), ("coupled", "uncoupled_mlp")]
+
+
+def test_the_spec_and_the_command_line_name_contrasts_for_the_report(store_uri, tmp_path):
+    spec = tmp_path / "per-token.yaml"
+    spec.write_text(
+        "name: per-token\nscales: [cpu-xs]\nvariants: [standard, coupled, uncoupled_mlp]\nbudget: {tokens: 40960}\n"
+        f"tracking_uri: {store_uri}\ncontrasts: [[coupled, uncoupled_mlp]]\n"
+    )
+    res = CliRunner().invoke(app, ["report", str(spec), "--out", str(tmp_path / "r"), "--no-log"])
+    assert res.exit_code == 0, res.output
+    pairs = {(r["variant"], r["against"]) for r in json.loads((tmp_path / "r" / "summary.json").read_text())["contrasts"]}
+    assert pairs == {("coupled", "standard"), ("uncoupled_mlp", "standard"), ("coupled", "uncoupled_mlp")}
+    # negative control: by name, no spec, no --contrast: only the defaults
+    res = CliRunner().invoke(app, ["report", "per-token", "--tracking-uri", store_uri, "--out", str(tmp_path / "n"), "--no-log"])
+    assert res.exit_code == 0, res.output
+    pairs = {(r["variant"], r["against"]) for r in json.loads((tmp_path / "n" / "summary.json").read_text())["contrasts"]}
+    assert pairs == {("coupled", "standard"), ("uncoupled_mlp", "standard")}
+    args = [
+        "report",
+        "per-token",
+        "--tracking-uri",
+        store_uri,
+        "--out",
+        str(tmp_path / "c"),
+        "--no-log",
+        "--contrast",
+        "uncoupled_mlp:coupled",
+    ]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    pairs = {(r["variant"], r["against"]) for r in json.loads((tmp_path / "c" / "summary.json").read_text())["contrasts"]}
+    assert ("uncoupled_mlp", "coupled") in pairs
+    bad = CliRunner().invoke(app, [*args[:-1], "coupled"])
+    assert bad.exit_code == 2 and "give VARIANT:AGAINST" in bad.output
+
+
+def test_a_contrast_naming_an_unknown_variant_is_refused_naming_the_field(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nscales: [cpu-xs]\nvariants: [standard, coupled]\nbudget: {tokens: 40960}\ncontrasts: [[coupled, banana]]\n")
+    res = CliRunner().invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2 and "contrasts" in res.output and "['banana'] not among the variants" in res.output

@@ -147,4 +147,4 @@ def test_the_scaling_fit_is_refused_on_three_scales():
     fits = json.loads((RESULTS / STUDY / "summary.json").read_text())["scaling"]["fits"]
     for variant in ("standard", "differential"):
         for axis in ("N", "flops"):
-            assert fits[variant][axis]["fit"] is None and "at least 4 distinct scales" in fits[variant][axis]["reason"]
+            assert fits[variant][axis]["fit"] is None and "at least 5 distinct scales" in fits[variant][axis]["reason"]

@@ -134,8 +134,8 @@ def test_the_quote_check_fails_on_a_misquote(tmp_path):
     assert (None, f"{r.mean_ppl:.2f} ± {r['std']:.2f}") in missing
     assert any(sec == "### stdlib" and f"| {r.scale} | {r.variant} | {r.mean_ppl:.2f}" in s for sec, s in missing)
     shutil.copy(PUBLISHED / "stdlib" / "final_ppl.csv", tmp_path / "stdlib" / "final_ppl.csv")
-    typo = missing_quotes(TEXT.replace("1.34x [<1.02, 1.82]", "1.34x [<1.02, 1.83]"), tmp_path)
-    assert len(typo) == 1 and typo[0][0] == "### mixed" and "1.34x [<1.02, 1.82]" in typo[0][1], typo
+    typo = missing_quotes(TEXT.replace("1.33x [<1.02, 1.82]", "1.33x [<1.02, 1.83]"), tmp_path)
+    assert len(typo) == 1 and typo[0][0] == "### mixed" and "1.33x [<1.02, 1.82]" in typo[0][1], typo
 
 
 def _no_unsupported_scaling_claims(summary, out):
@@ -149,5 +149,5 @@ def _no_unsupported_scaling_claims(summary, out):
     for variant, fits in parts["fits"].items():
         for axis in ("N", "flops"):
             assert fits[axis]["fit"] is None, (variant, axis)
-            assert "needs at least 4 distinct scales" in fits[axis]["reason"] and "loss does not fall with" in fits[axis]["reason"]
+            assert "needs at least 5 distinct scales" in fits[axis]["reason"] and "loss does not fall with" in fits[axis]["reason"]
     assert all(c["n"] is None and c["note"].startswith("no advantage at the smallest measured scale") for c in parts["crossover"].values())

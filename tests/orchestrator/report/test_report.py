@@ -76,10 +76,10 @@ def test_outputs_written_and_summary_matches_file(main_report):
     # paper reference numbers are printed beside ours
     md = (out / "report.md").read_text()
     assert "24.22" in md and "22.55-22.62" in md and "0.31" in md
-    # 3 scales for the 3-parameter law: every fit is refused with its reason (test_scaling.py
+    # 3 scales for the 3-parameter law (5 needed): every fit is refused with its reason (test_scaling.py
     # has the studies whose fits are made), and the seed std of the noisy variant is the largest
     fit = summary["scaling"]["fits"]["coupled"]["N"]
-    assert fit["fit"] is None and "a fit needs at least 4 distinct scales" in fit["reason"]
+    assert fit["fit"] is None and "a fit needs at least 5 distinct scales" in fit["reason"]
     std = {(r["scale"], r["variant"]): r["std"] for r in summary["seed_std"]}
     assert std[("m", "uncoupled_mlp")] > std[("m", "coupled")]
 

@@ -198,7 +198,7 @@ def test_scaling_text_without_fit_does_not_contradict_itself(synthetic_store, tm
     build_report(ONE_SEED.study, synthetic_store, tmp_path / "r", log_to_mlflow=False, n_boot=10)
     md = (tmp_path / "r" / "report.md").read_text()
     assert "falls below 1% at N" not in md and "not below 1% up to" not in md
-    assert "a fit needs at least 4 distinct scales" in md
+    assert "a fit needs at least 5 distinct scales" in md
 
 
 def _drawn_figures(monkeypatch) -> dict:

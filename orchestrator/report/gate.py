@@ -1,0 +1,165 @@
+"""The gated ladder's decision and its place in the report.
+
+``decide`` is the product's ``orchestrator.plan.gate.GateDecider``: after a rung trains, the
+gated protocol (``run.driver.study``, handed this function by the CLI: the run stage never
+imports the report) asks it, per (corpus, variant) still training, for the seed-paired
+difference against the reference at that rung in the gate's currency. The numbers are the
+report's own: ``currencies.contrast_table`` (equal tokens or equal model FLOPs, the arm that
+spent more read on its own eval curve) and its paired t-test (``verdict.compare``), so the
+gate and the report's "every currency" table cannot disagree. ``plan.gate.stops`` is the rule.
+
+``attach`` reads the stopped arms back from the experiment's tags (``track.gate_record``) and
+marks them in the report: a table of the evidence, and their runs at the larger rungs listed
+as gated (not trained by design), not as missing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from orchestrator.plan.gate import GateEvidence, GateSpec, stops
+from orchestrator.report.currencies import contrast_table
+from orchestrator.report.curves import run_finals
+from orchestrator.report.errors import ReportError
+from orchestrator.report.query import StudyData, query_study
+from orchestrator.track.gate_record import gates_from_tags
+from orchestrator.track.tracking import client_for
+
+TABLE = "gated"
+COLUMNS = ["corpus", "variant", "stopped_at", "rung", "currency", "bound", "dloss", "low", "high", "n_pairs", "p_value", "not_trained_at"]
+
+
+def evidence_at(data: StudyData, reference: str, gate: GateSpec, scale: str, rung: int, variants: Sequence[str]) -> list[GateEvidence]:
+    """The gate's evidence for every corpus of ``data`` and every variant of ``variants`` (the
+    reference left out) at ``scale`` (rung ``rung``, 1-based): paired Δloss (nats/token,
+    variant - reference) in ``gate.currency`` with its ``gate.level`` interval, and whether
+    ``stops`` stops the arm. A variant without a finished seed pair there gets NaN numbers and
+    is not stopped. ``skipped`` is left empty (the caller knows the larger rungs)."""
+    out = []
+    others = [v for v in variants if v != reference]
+    for corpus in sorted(str(c) for c in data.runs["corpus"].dropna().unique()):
+        runs = data.runs[data.runs["corpus"] == corpus]
+        metrics = data.metrics[data.metrics["run_uuid"].isin(runs["run_uuid"])]
+        table = contrast_table(run_finals(runs, metrics), metrics, [scale], [(v, reference) for v in others], None, gate.level)
+        rows = {r.variant: r for r in table[table["currency"] == gate.currency].itertuples()}
+        for v in others:
+            r = rows.get(v)
+            nums: dict[str, Any] = (
+                dict(dloss=r.paired_dloss, low=r.paired_low, high=r.paired_high, n_pairs=int(r.n_pairs), p_value=r.p_value, note=r.note)
+                if r is not None
+                else dict(
+                    dloss=math.nan, low=math.nan, high=math.nan, n_pairs=0, p_value=math.nan, note="no finished seed pair at this rung"
+                )
+            )
+            nums = {k: float(x) if k in ("dloss", "low", "high", "p_value") else x for k, x in nums.items()}
+            stopped = stops(gate, nums["dloss"], nums["low"])
+            out.append(
+                GateEvidence(corpus, v, reference, scale, rung, gate.currency, gate.worse_than, level=gate.level, stopped=stopped, **nums)
+            )
+    return out
+
+
+def decide(
+    tracking_uri: str, study: str, reference: str, gate: GateSpec, scale: str, rung: int, variants: Sequence[str]
+) -> list[GateEvidence]:
+    """``evidence_at`` on the study's MLflow store (``GateDecider``); [] when the store holds
+    no training run of the study yet."""
+    try:
+        data = query_study(study, tracking_uri)
+    except ReportError:
+        return []
+    return evidence_at(data, reference, gate, scale, rung, variants)
+
+
+def evidence_table(evidence: list[GateEvidence]) -> pd.DataFrame:
+    """One row per stopped arm (COLUMNS; dloss, low, high in nats/token)."""
+    rows = [
+        {
+            "corpus": e.corpus,
+            "variant": e.variant,
+            "stopped_at": e.scale,
+            "rung": e.rung,
+            "currency": e.currency,
+            "bound": e.bound,
+            "dloss": e.dloss,
+            "low": e.low,
+            "high": e.high,
+            "n_pairs": e.n_pairs,
+            "p_value": e.p_value,
+            "not_trained_at": ", ".join(e.skipped),
+        }
+        for e in evidence
+    ]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def attach(summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, experiment_id: str, corpus: str | None) -> None:
+    """Mark the arms the study's gate stopped (of ``corpus``; None: a single-corpus study):
+    ``summary["gates"]`` (each arm's evidence and sentence), ``tabs[TABLE]``, and each missing
+    run of a stopped arm at a scale it skipped moved from ``summary["runs"]["missing"]`` to
+    ``summary["runs"]["gated"]`` (and marked ``gated`` in the issues table). No change
+    when nothing was gated."""
+    stopped = [e for e in gates_from_tags(client_for(tracking_uri).get_experiment(experiment_id).tags) if corpus in (None, e.corpus)]
+    if not stopped:
+        return
+    why = {(e.variant, s): e.sentence() for e in stopped for s in e.skipped}
+    runs = summary["runs"]
+    runs["gated"] = [
+        m | {"problem": "gated", "detail": why[(m["variant"], m["scale"])]} for m in runs["missing"] if (m["variant"], m["scale"]) in why
+    ]
+    runs["missing"] = [m for m in runs["missing"] if (m["variant"], m["scale"]) not in why]
+    issues = tabs.get("issues")
+    if issues is not None and len(issues):
+        keys = list(zip(issues["variant"], issues["scale"]))
+        gated = (issues["problem"] == "missing") & pd.Series([k in why for k in keys], index=issues.index)
+        issues.loc[gated, "problem"] = "gated"
+        issues.loc[gated, "detail"] = [why[k] for k, g in zip(keys, gated) if g]
+    summary["gates"] = [{"corpus": e.corpus, "variant": e.variant, "sentence": e.sentence(), **_numbers(e)} for e in stopped]
+    tabs[TABLE] = evidence_table(stopped)
+
+
+def _numbers(e: GateEvidence) -> dict:
+    """The evidence's numbers for summary.json (``skipped`` as a list)."""
+    keys = ("scale", "rung", "currency", "bound", "dloss", "low", "high", "n_pairs", "p_value")
+    return {k: getattr(e, k) for k in keys} | {"skipped": list(e.skipped)}
+
+
+def display(table: pd.DataFrame) -> pd.DataFrame:
+    """``evidence_table`` as the report prints it: Δloss with its interval (nats), p, bound."""
+
+    def num(x: float, spec: str = "+.4f") -> str:
+        return "—" if x is None or not math.isfinite(float(x)) else format(float(x), spec)
+
+    return pd.DataFrame(
+        {
+            "corpus": table["corpus"],
+            "variant": table["variant"],
+            "stopped at (rung)": [f"{s} ({r})" for s, r in zip(table["stopped_at"], table["rung"])],
+            "paired Δloss [interval] (nats)": [
+                f"{num(d)} [{num(lo)}, {num(hi)}]" for d, lo, hi in zip(table["dloss"], table["low"], table["high"])
+            ],
+            "pairs": table["n_pairs"],
+            "p": [num(p, ".3g") for p in table["p_value"]],
+            "bound (nats)": [num(b) for b in table["bound"]],
+            "currency": table["currency"],
+            "not trained at": table["not_trained_at"],
+        }
+    )
+
+
+def section_text(summary: dict) -> list[str]:
+    """The gated-arms section's sentences: the rule, then one line per stopped arm."""
+    text = [
+        "The study's gate trained the ladder rung by rung (scales by N, non-embedding): after each rung, a variant whose "
+        "seed-paired Δloss against the reference (variant - reference, nats/token) was above the gate's bound with its "
+        "interval excluding zero stopped, and its runs at the larger rungs were not trained (listed as gated, not missing). "
+        "The reference trained every rung."
+    ]
+    for g in summary.get("gates", []):
+        where = f" on corpus `{g['corpus']}`" if summary.get("corpus") else ""
+        text.append(f"`{g['variant']}`{where} {g['sentence']}; not trained at {', '.join(g['skipped']) or '—'}.")
+    return text
