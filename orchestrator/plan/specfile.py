@@ -158,19 +158,6 @@ def origin(layers: list[Layer], loc: Loc) -> Path:
     return owner
 
 
-def file_schema(root: type[BaseModel]) -> dict[str, Any]:
-    """JSON Schema of a spec file: ``root``'s, plus ``extends`` (no model holds it: it is
-    resolved before validation)."""
-    schema = root.model_json_schema()
-    extends = {
-        "type": "string",
-        "title": "Extends",
-        "description": "Path (relative to this file) of a base spec merged under this file's keys.",
-    }
-    schema["properties"] = {EXTENDS: extends, **schema["properties"]}
-    return schema
-
-
 def loc_str(loc: Loc) -> str:
     """``("variants", 1, "options")`` -> ``variants[1].options``."""
     out = ""

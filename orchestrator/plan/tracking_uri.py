@@ -10,13 +10,16 @@ server, Databricks and Unity Catalog), listed here so that validating a spec imp
 
 from __future__ import annotations
 
+import os
 import re
 
-# A plain path (no scheme, or a one-letter one: a Windows drive) is a file store, like "file:".
+# A plain path (no scheme, or a one-letter one: a Windows drive) is a file store, like "file:":
+# MLflow 3 serves one only when MLFLOW_ALLOW_FILE_STORE is true.
 TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
 # SQLAlchemy URIs may name one driver ("postgresql+psycopg", "mysql+pymysql"), and only in
 # lower case: SQLAlchemy looks the dialect up by that exact name.
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 
 
@@ -29,8 +32,10 @@ def tracking_uri_problem(uri: str) -> str | None:
     if not uri.strip():
         return "empty tracking URI"
     m = _SCHEME_RE.match(uri)
-    if m is None or len(m.group(1)) == 1:  # a path (C:\\mlruns, C:mlruns)
+    if m is None and uri.strip() in TRACKING_SCHEMES:  # "databricks": a profile, not a path
         return None
+    if m is None or len(m.group(1)) == 1 or m.group(1).lower() == "file":  # a path (C:\\mlruns, C:mlruns)
+        return _file_store_problem(uri)
     scheme, _, driver = m.group(1).partition("+")
     allowed = ", ".join(f"{s}:" for s in TRACKING_SCHEMES)
     if scheme.lower() not in TRACKING_SCHEMES or "+" in driver or (driver and scheme.lower() not in DATABASE_SCHEMES):
@@ -40,6 +45,20 @@ def tracking_uri_problem(uri: str) -> str | None:
     if scheme == "sqlite" and uri[m.end() :].split("?", 1)[0] in ("", "//", "///", "///:memory:"):
         return f"{uri!r} is an in-memory SQLite store: every process would get its own, empty (give a file: sqlite:///path/mlflow.db)"
     return None
+
+
+def _file_store_problem(uri: str) -> str | None:
+    """Why a plain path or ``file:`` URI cannot be the store: MLflow 3 refuses its file store
+    (MlflowException "filesystem backend ... deprecated") unless ``MLFLOW_ALLOW_FILE_STORE`` is
+    true; a path ending in .db / .sqlite / .sqlite3 was meant as a SQLite file."""
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("1", "true", "yes"):
+        return None
+    path = re.sub(r"^file:(//)?", "", uri)
+    sqlite = path if path.lower().endswith(SQLITE_SUFFIXES) else f"{path.rstrip('/')}/mlflow.db"
+    return (
+        f"{uri!r} is a plain path, which MLflow reads as its file store (refused by MLflow 3 unless "
+        f"MLFLOW_ALLOW_FILE_STORE=true): did you mean sqlite:///{sqlite}"
+    )
 
 
 class TrackingURIError(ValueError):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mlflow.exceptions import MlflowException
 
 from model import GPT, ModelConfig
 from orchestrator.run.worker.evaluate import eval_sums
@@ -152,7 +153,9 @@ def load_run(tracking_uri: str, mlflow_run_id: str, device: str | torch.device =
 
     Raises:
         FinalWeightsError: the run has no final weights, the file does not match the digest in
-            the tracking store or in ``weights.json``, or the tensors do not fit the config.
+            the tracking store or in ``weights.json``, the tensors do not fit the config, or the
+            weights cannot be read from the run's artifact location (a store copied from
+            another machine keeps that machine's paths).
     """
     client = client_for(tracking_uri)
     run = client.get_run(mlflow_run_id)
@@ -163,7 +166,14 @@ def load_run(tracking_uri: str, mlflow_run_id: str, device: str | torch.device =
             "it did not finish, or finished before final weights were kept"
         )
     with tempfile.TemporaryDirectory(prefix="qkstudy-load-") as d:
-        folder = Path(client.download_artifacts(mlflow_run_id, ARTIFACT_DIR, d))
+        try:
+            folder = Path(client.download_artifacts(mlflow_run_id, ARTIFACT_DIR, d))
+        except (MlflowException, OSError) as e:  # a store copied from another machine keeps that machine's artifact paths
+            raise FinalWeightsError(
+                f"MLflow run {mlflow_run_id}: its final weights cannot be read from {run.info.artifact_uri}/{ARTIFACT_DIR} "
+                f"({type(e).__name__}): the store's artifacts are elsewhere (another machine, or moved); copy them there "
+                "or open the store where they are"
+            ) from None
         got = sha256_file(folder / WEIGHTS_FILE)
         meta = json.loads((folder / META_FILE).read_text())
         if got != want or meta.get("sha256") != want:

@@ -24,7 +24,7 @@ def test_model_info_bad_variant_exits_2():
 def test_schema_is_json_schema_of_a_study():
     res = CliRunner().invoke(app, ["schema"])
     schema = json.loads(res.output)
-    assert {"name", "scales", "variants", "budget"} <= set(schema["required"])
+    assert {"name", "scales", "variants", "budget"} <= set(schema["else"]["required"])  # unless the file extends a base
     assert "corpora" in schema["properties"] and "resources" in schema["properties"]
     assert schema["properties"]["extends"]["type"] == "string"  # resolved before validation, still a field of a file
 

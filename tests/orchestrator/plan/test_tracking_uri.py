@@ -20,9 +20,6 @@ SPEC = "name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {tokens: 40960}
 @pytest.mark.parametrize(
     "uri",
     [
-        "runs/s/mlflow.db",
-        "/abs/mlruns",
-        "file:///tmp/mlruns",
         "sqlite:///runs/s/mlflow.db",
         "postgresql+psycopg://u:p@db:5432/mlflow",
         "mysql+pymysql://u@h/db",
@@ -30,8 +27,6 @@ SPEC = "name: s\nscales: [cpu-xs]\nvariants: [standard]\nbudget: {tokens: 40960}
         "HTTPS://mlflow.example.org",
         "databricks",
         "databricks://profile",
-        "C:\\mlruns",
-        "C:mlruns",
         "sqlite:///rel.db?timeout=5",
     ],
 )
@@ -52,6 +47,11 @@ def test_forms_mlflow_serves_pass(uri: str) -> None:
         ("SQLITE:///x.db", "database scheme 'SQLITE' .* must be lower case"),
         ("sqlite://", "in-memory SQLite store"),
         ("sqlite:///:memory:", "in-memory SQLite"),
+        ("mlflow.db", "plain path, .* did you mean sqlite:///mlflow.db$"),
+        ("runs/s/mlflow.sqlite", "did you mean sqlite:///runs/s/mlflow.sqlite$"),
+        ("/abs/mlruns", "MLFLOW_ALLOW_FILE_STORE=true.*did you mean sqlite:////abs/mlruns/mlflow.db$"),
+        ("file:///tmp/mlruns", "did you mean sqlite:////tmp/mlruns/mlflow.db$"),
+        ("C:\\mlruns", "plain path"),
     ],
 )
 def test_forms_mlflow_cannot_serve_are_refused(uri: str, why: str) -> None:
@@ -93,3 +93,18 @@ def test_commands_refuse_an_unsupported_tracking_uri_with_exit_2(tmp_path, monke
     res = CliRunner().invoke(app, [command, "s", *extra])
     assert res.exit_code == 2 and "MLFLOW_TRACKING_URI: unsupported" in res.output.replace("\n", ""), res.output
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("uri", ["runs/s/mlflow.db", "/abs/mlruns", "file:///tmp/mlruns", "C:mlruns"])
+def test_a_file_store_passes_where_mlflow_allows_one(uri: str, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert tracking_uri_problem(uri) is None
+
+
+def test_a_plain_path_on_the_command_line_is_one_error_line_with_a_did_you_mean(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    res = CliRunner().invoke(app, ["report", "s", "--tracking-uri", "mlflow.db"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "did you mean sqlite:///mlflow.db" in res.output.replace("\n", "")
+    assert not (tmp_path / "mlflow.db").exists()

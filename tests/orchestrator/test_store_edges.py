@@ -1,0 +1,69 @@
+"""Errors at the tracking store's edge: each is one `error:` line and exit code 2, never a
+traceback, and nothing is left half-done in the store."""
+
+import sqlite3
+from pathlib import Path
+
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from tests.fixtures.synthetic import ONE_SEED
+from tests.published import unzip_store
+from tests.synthetic_study import write_synthetic_study
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_eval_of_a_run_whose_artifacts_are_on_another_machine_is_one_error_line(tmp_path):
+    """The published store keeps the artifact paths of the machine that trained it."""
+    uri = unzip_store(ROOT / "results" / "cpu-evidence-mqar-easy-mlflow.db.gz", tmp_path)
+    with sqlite3.connect(tmp_path / "mlflow.db") as con:
+        run_id, artifacts = con.execute(
+            "SELECT t.value, r.artifact_uri FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid "
+            "WHERE t.key = 'run_id' AND r.status = 'FINISHED' LIMIT 1"
+        ).fetchone()
+    assert not Path(artifacts.removeprefix("file://")).exists()
+    res = CliRunner().invoke(app, ["eval", "cpu-evidence-mqar-easy", run_id, "--tracking-uri", uri])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit)
+    text = res.output.replace("\n", "")
+    assert "its final weights cannot be read from file://" in text and "the store's artifacts are elsewhere" in text
+
+
+def test_a_report_whose_artifacts_cannot_be_stored_ends_its_run_failed(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    write_synthetic_study(ONE_SEED, uri)
+    with sqlite3.connect(tmp_path / "mlflow.db") as con:  # a location no process can create folders in
+        con.execute("UPDATE experiments SET artifact_location = 'file:///proc/qkstudy-nowhere' WHERE name = ?", (ONE_SEED.study,))
+    res = CliRunner().invoke(app, ["report", ONE_SEED.study, "--tracking-uri", uri, "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2, res.output
+    assert "could not store it at file:///proc/qkstudy-nowhere" in res.output.replace("\n", "")
+    assert (tmp_path / "r" / "report.md").is_file()  # the report itself stands
+    exp = MlflowClient(uri).get_experiment_by_name(ONE_SEED.study)
+    reports = MlflowClient(uri).search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'report'")
+    assert [r.info.status for r in reports] == ["FAILED"]
+    # negative control: where the artifacts can be stored, the report run finishes
+    with sqlite3.connect(tmp_path / "mlflow.db") as con:
+        con.execute("UPDATE experiments SET artifact_location = ? WHERE name = ?", (f"file://{tmp_path / 'art'}", ONE_SEED.study))
+    res = CliRunner().invoke(app, ["report", ONE_SEED.study, "--tracking-uri", uri, "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    reports = MlflowClient(uri).search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'report'")
+    assert sorted(r.info.status for r in reports) == ["FAILED", "FINISHED"]
+
+
+def test_status_at_a_database_that_refuses_says_so_without_mlflows_retries(tmp_path, monkeypatch):
+    """MLflow alone retries a refused database for about 100 s in silence; one attempt answers."""
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["status", "s", "--tracking-uri", "postgresql://u:secret@127.0.0.1:1/mlflow"])
+    text = res.output.replace("\n", "")
+    assert res.exit_code == 1 and "tracking store postgresql://u:***@127.0.0.1:1/mlflow did not accept a connection" in text
+    assert "Connection refused" in text and "secret" not in text and "retried" not in text
+
+
+def test_a_study_argument_that_no_study_can_be_named_is_an_input_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for command in (["status"], ["report"], ["export", "--out", str(tmp_path / "x.parquet")]):
+        res = CliRunner().invoke(app, [command[0], "../etc/passwd", *command[1:]])
+        assert res.exit_code == 2 and "STUDY '../etc/passwd' is neither a spec file nor a study name" in res.output.replace("\n", "")
+    assert not (tmp_path / "runs").exists()
