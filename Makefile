@@ -27,15 +27,16 @@ demo: install
 	$(BIN)/qkstudy report jobs/cpu-demo.yaml --out runs/cpu-demo/report
 
 # The evidence study of RESULTS.md (about 90 minutes on 2 CPU cores): trains its three specs, then
-# publishes each store (gzipped SQLite) and the report built from it under results/. The
-# kernel documentation corpus is Debian's linux-doc-6.1 (installed here when missing).
+# publishes each store (gzipped SQLite, artifact paths rewritten: orchestrator/track/publish.py)
+# and the report built from it under results/. The kernel documentation corpus is Debian's
+# linux-doc-6.1 (installed here when missing).
 EVIDENCE := cpu-evidence cpu-evidence-mqar-easy cpu-evidence-mqar-medium
 evidence: install
 	test -d /usr/share/doc/linux-doc-6.1/html/_sources || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-doc-6.1; }
 	for s in $(EVIDENCE); do \
 	  $(BIN)/qkstudy run jobs/$$s.yaml && \
-	  gzip -9 -c runs/$$s/mlflow.db > results/$$s-mlflow.db.gz.tmp && mv results/$$s-mlflow.db.gz.tmp results/$$s-mlflow.db.gz && \
+	  $(BIN)/python -m orchestrator.track.publish runs/$$s/mlflow.db results/$$s-mlflow.db.gz && \
 	  $(BIN)/qkstudy report jobs/$$s.yaml --out results/$$s --no-log || exit $$?; \
 	done
 

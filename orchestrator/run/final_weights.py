@@ -37,6 +37,7 @@ from mlflow.exceptions import MlflowException
 
 from model import GPT, ModelConfig
 from orchestrator.run.worker.evaluate import eval_sums
+from orchestrator.track.publish import is_published
 from orchestrator.track.tracking import client_for
 
 ARTIFACT_DIR = "final_weights"
@@ -164,6 +165,11 @@ def load_run(tracking_uri: str, mlflow_run_id: str, device: str | torch.device =
         raise FinalWeightsError(
             f"MLflow run {mlflow_run_id} has no final weights (tag {DIGEST_TAG} is missing): "
             "it did not finish, or finished before final weights were kept"
+        )
+    if is_published(run.info.artifact_uri):
+        raise FinalWeightsError(
+            f"MLflow run {mlflow_run_id}: this store was published without its artifacts ({run.info.artifact_uri}): "
+            "final weights are read from the store the study trained into"
         )
     with tempfile.TemporaryDirectory(prefix="qkstudy-load-") as d:
         try:

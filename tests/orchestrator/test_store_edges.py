@@ -15,20 +15,29 @@ from tests.synthetic_study import write_synthetic_study
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _finished_run(db: Path) -> str:
+    with sqlite3.connect(db) as con:
+        return con.execute(
+            "SELECT t.value FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid WHERE t.key = 'run_id' AND r.status = 'FINISHED' LIMIT 1"
+        ).fetchone()[0]
+
+
 def test_eval_of_a_run_whose_artifacts_are_on_another_machine_is_one_error_line(tmp_path):
-    """The published store keeps the artifact paths of the machine that trained it."""
+    """A store copied from the machine that trained it keeps that machine's artifact paths."""
     uri = unzip_store(ROOT / "results" / "cpu-evidence-mqar-easy-mlflow.db.gz", tmp_path)
     with sqlite3.connect(tmp_path / "mlflow.db") as con:
-        run_id, artifacts = con.execute(
-            "SELECT t.value, r.artifact_uri FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid "
-            "WHERE t.key = 'run_id' AND r.status = 'FINISHED' LIMIT 1"
-        ).fetchone()
-    assert not Path(artifacts.removeprefix("file://")).exists()
-    res = CliRunner().invoke(app, ["eval", "cpu-evidence-mqar-easy", run_id, "--tracking-uri", uri])
+        con.execute("UPDATE runs SET artifact_uri = 'file:///nonexistent/qkstudy/' || run_uuid || '/artifacts'")
+    res = CliRunner().invoke(app, ["eval", "cpu-evidence-mqar-easy", _finished_run(tmp_path / "mlflow.db"), "--tracking-uri", uri])
     assert res.exit_code == 2, res.output
-    assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit)
+    assert res.exception is None or isinstance(res.exception, SystemExit)
     text = res.output.replace("\n", "")
-    assert "its final weights cannot be read from file://" in text and "the store's artifacts are elsewhere" in text
+    assert "its final weights cannot be read from file:///nonexistent/qkstudy/" in text and "the store's artifacts are elsewhere" in text
+
+
+def test_eval_of_a_published_store_says_it_was_published_without_artifacts(tmp_path):
+    uri = unzip_store(ROOT / "results" / "cpu-evidence-mqar-easy-mlflow.db.gz", tmp_path)
+    res = CliRunner().invoke(app, ["eval", "cpu-evidence-mqar-easy", _finished_run(tmp_path / "mlflow.db"), "--tracking-uri", uri])
+    assert res.exit_code == 2 and "this store was published without its artifacts (qkstudy-published:/" in res.output.replace("\n", "")
 
 
 def test_a_report_whose_artifacts_cannot_be_stored_ends_its_run_failed(tmp_path):
