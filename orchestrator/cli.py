@@ -53,10 +53,41 @@ app.add_typer(model_app, name="model")
 out = Console(width=None if sys.stdout.isatty() else 200)
 
 
-def _load(spec: Path):
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"qkstudy {version('qkstudy')}")
+        except PackageNotFoundError:
+            print("qkstudy unknown (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    _version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Compute-matched scaling studies of attention variants."""
+
+
+def _load(spec: Path, overrides: list[str] | None = None):
+    """The spec, merged over its bases, with the command line's ``KEY=VALUE`` overrides set over
+    it (``orchestrator.plan.overrides``); SpecError (exit 2) names the file or override at fault."""
     from orchestrator.plan.spec import load_spec
 
-    return load_spec(spec)
+    return load_spec(spec, overrides or ())
+
+
+# Dotted overrides after SPEC (`validate`, `plan`, `run`, `submit`): set over the spec before it validates.
+_OVERRIDES_HELP = "Overrides of the spec's fields, KEY=VALUE with YAML values, e.g. budget.tokens_per_param=10 seeds=[0,1,2]."
+
+
+def _spec_error(spec: Path, problems: list[tuple[str, str]], s):
+    """The SpecError of problems found after loading, naming the override that set a bad field."""
+    from orchestrator.plan.overrides import spec_error
+
+    return spec_error(str(spec), problems, s.overrides)
 
 
 def _planned(study):
@@ -75,21 +106,24 @@ def _study_uri(study: str, tracking_uri: str | None) -> tuple[str, str]:
 
 @app.command()
 @input_errors
-def validate(spec: Path = typer.Argument(..., help="Study spec (YAML).")) -> None:
+def validate(
+    spec: Path = typer.Argument(..., help="Study spec (YAML)."),
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+) -> None:
     """Validate a spec; print every error with its file and field path (exit code 2)."""
     from orchestrator.plan.inputs import fit_problems
-    from orchestrator.plan.spec import SpecError
     from orchestrator.plan.tune_plan import tuning_problems
+    from orchestrator.track.tracking import redact_uri  # an override may hold a URI with its password
 
-    s = _load(spec)
+    s = _load(spec, overrides)
     runs = _planned(s)  # a spec that cannot be planned is not valid either
     problems = fit_problems(s, runs)  # nor one whose runs its data or devices cannot support
     problems += tuning_problems(s, runs)  # nor tuning runs too short to rank learning rates
     if problems:
-        raise SpecError(spec, problems)
+        raise _spec_error(spec, problems, s)
     n = lambda k, word: f"{k} {word}{'' if k == 1 else 's'}"  # noqa: E731
     out.print(
-        f"{spec}: ok ({s.name}: {n(len(s.scales), 'scale')} x {n(len(s.variants), 'variant')} x "
+        f"{redact_uri(' '.join([str(spec), *s.overrides]))}: ok ({s.name}: {n(len(s.scales), 'scale')} x {n(len(s.variants), 'variant')} x "
         f"{n(len(s.seeds), 'seed')}, {n(len(runs), 'run')})"
     )
 
@@ -113,6 +147,7 @@ def plan_cmd(
         None, "--seed-sd", min=0, help="Declared std of an arm's final loss across seeds (nats): print the smallest gap the study detects."
     ),
     gap: float | None = typer.Option(None, "--gap", min=0, help="With --seed-sd: also print the seeds needed to detect this gap (nats)."),
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
 ) -> None:
     """Print the compute-matched runs of a study before anything runs."""
     from orchestrator.cli_files import write_run_files
@@ -121,7 +156,7 @@ def plan_cmd(
     from orchestrator.plan.inputs import fit_problems
     from orchestrator.plan.throughput import throughput_table
 
-    s = _load(spec)
+    s = _load(spec, overrides)
     runs = _planned(s)
     for loc, msg in fit_problems(s, runs):  # shown, not refused: `validate` and `run` refuse them
         err.print(f"[yellow]warning[/]: {loc}: {escape(msg)}")
@@ -183,18 +218,19 @@ def run(
     address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs."),
     wait: bool = typer.Option(False, "--wait", help="If another driver runs this study, wait for it to end, then train what is left."),
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
 ) -> None:
     """Run a study: train every planned run not already finished in MLflow."""
     from orchestrator.plan.inputs import FitError
     from orchestrator.plan.paths import check_local_corpus_paths
-    from orchestrator.plan.spec import SpecError
     from orchestrator.run.driver.prepare_tasks import CorpusError
     from orchestrator.run.driver.study import run_study
+    from orchestrator.track.provenance import gather
     from orchestrator.track.timeline import Timeline
     from orchestrator.track.tracking import redact_uri, study_tracking_uri
 
     timeline = Timeline.since_process_start().mark("imports")
-    s = _load(spec)
+    s = _load(spec, overrides)
     check_local_corpus_paths(s, spec)
     decide = None
     if s.gate is not None:  # the gate's numbers are the report's paired contrasts (run never imports report)
@@ -202,11 +238,14 @@ def run(
 
         decide = gate.decide
     try:
-        res = run_study(s, address=address, console=err, verbose=verbose, wait=wait, timeline=timeline, gate_decider=decide)
-    except CorpusError as e:  # the spec's field is the one to fix
-        raise SpecError(spec, [(f"corpora.{e.corpus_name}" if s.corpora else "corpus", str(e))]) from None
+        prov = gather(s, spec)  # the code, spec and environment every run records (track.provenance)
+        res = run_study(
+            s, address=address, console=err, verbose=verbose, wait=wait, timeline=timeline, gate_decider=decide, provenance=prov
+        )
+    except CorpusError as e:  # the spec's field (or the override that set it) is the one to fix
+        raise _spec_error(spec, [(f"corpora.{e.corpus_name}" if s.corpora else "corpus", str(e))], s) from None
     except FitError as e:
-        raise SpecError(spec, e.problems) from None
+        raise _spec_error(spec, e.problems, s) from None
     counts = Counter(res.status.values())
     err.print(f"study {s.name} done in {res.wall_s:.0f} s: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     err.print(f"MLflow: {redact_uri(study_tracking_uri(s))} (experiment {s.name})")
@@ -228,6 +267,7 @@ def train(
     from orchestrator.plan.spec import default_workdir
     from orchestrator.plan.tracking_uri import check_tracking_uri
     from orchestrator.run.driver.runner import run_runs
+    from orchestrator.track.provenance import gather
     from orchestrator.track.timeline import Timeline
     from orchestrator.track.tracking import default_tracking_uri
 
@@ -245,6 +285,7 @@ def train(
         console=err,
         verbose=verbose,
         timeline=timeline,
+        provenance=gather(None),  # no spec: code, user and environment only
     )
     st = res.status.get(run_spec.run_id)
     err.print(f"{run_spec.run_name}: {st} {res.reasons.get(run_spec.run_id, '')}")
@@ -345,11 +386,16 @@ def submit(
         "--no-upload",
         help="Upload nothing: the cluster has this code (its image) and reads SPEC at the same absolute path (shared storage).",
     ),
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP + " The job runs with the same ones.", show_default=False),
 ) -> None:
     """Send a study to a Ray cluster through the Job Submission API; print the job id."""
     from orchestrator.run.driver.submit import submit as submit_job
 
-    print(submit_job(spec, address, allow_insecure=allow_insecure, allow_ephemeral=allow_ephemeral, upload=not no_upload))
+    print(
+        submit_job(
+            spec, address, allow_insecure=allow_insecure, allow_ephemeral=allow_ephemeral, upload=not no_upload, overrides=overrides or []
+        )
+    )
 
 
 @app.command()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -25,6 +26,7 @@ from orchestrator.plan.branches import Protocol, protocol_problems
 from orchestrator.plan.devices import PEAK_FLOPS, peak_flops_of
 from orchestrator.plan.gate import GateSpec
 from orchestrator.plan.ladder import LadderRung, ScaleShape
+from orchestrator.plan.overrides import apply_overrides, spec_error
 from orchestrator.plan.scales import LadderScale, ScaleEntry, dispatch_entries, resolve_scales
 from orchestrator.plan.specfile import (
     Layer,
@@ -300,6 +302,8 @@ class Study(_Strict):
     _scales: list[str] = PrivateAttr(default_factory=list)
     _shapes: dict[str, ScaleShape] = PrivateAttr(default_factory=dict)
     _rungs: dict[str, LadderRung] = PrivateAttr(default_factory=dict)
+    # the command-line overrides merged into this spec (``orchestrator.plan.overrides``)
+    _overrides: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("name")
     @classmethod
@@ -383,6 +387,11 @@ class Study(_Strict):
         return dict(self._shapes)
 
     @property
+    def overrides(self) -> list[str]:
+        """The ``KEY=VALUE`` overrides set over the spec's files, in order (recorded with each run)."""
+        return list(self._overrides)
+
+    @property
     def ladder_rungs(self) -> dict[str, LadderRung]:
         """Ladder rungs by scale name: target N, the shape's exact N and its relative error."""
         return dict(self._rungs)
@@ -459,29 +468,33 @@ class Study(_Strict):
         return self.storage_path or str(self.workdir_path / "ray")
 
 
-def _raise(path: str | Path, problems: list[tuple[Loc, str]], layers: list[Layer] | None) -> NoReturn:
-    files = [origin(layers, loc) if layers else path for loc, _ in problems]
-    raise SpecError(path, [(loc_str(loc), msg) for loc, msg in problems], files)
+def _raise(path: str | Path, problems: list[tuple[Loc, str]], layers: list[Layer] | None, overrides: Sequence[str] = ()) -> NoReturn:
+    files = [str(origin(layers, loc)) if layers else str(path) for loc, _ in problems]
+    raise spec_error(str(path), [(loc_str(loc), msg) for loc, msg in problems], overrides, files)
 
 
-def parse_spec(data: Any, path: str | Path = "<spec>", layers: list[Layer] | None = None) -> Study:
+def parse_spec(data: Any, path: str | Path = "<spec>", layers: list[Layer] | None = None, overrides: Sequence[str] = ()) -> Study:
     """Validate an already-loaded mapping as a Study; raises SpecError with every problem.
 
     ``layers``: the files ``data`` was merged from (``load_spec``), so that each problem
     names the file holding the bad field; without them every problem names ``path``.
+    ``overrides``: ``KEY=VALUE`` texts set over ``data`` first (``orchestrator.plan.overrides``);
+    a problem at or below a field one of them set names that override instead of a file.
     """
+    data, _ = apply_overrides(data, overrides, str(path))
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
         raise SpecError(path, [("", f"the spec is {kind}; expected a YAML mapping with name, scales, variants, budget")])
-    _load_plugins(data, path, layers)
+    _load_plugins(data, path, layers, overrides)
     try:
         study = Study.model_validate(data)
     except ValidationError as e:
-        _raise(path, validation_problems(e, Study), layers)
+        _raise(path, validation_problems(e, Study), layers, overrides)
+    study._overrides = tuple(overrides)
     return study
 
 
-def _load_plugins(data: dict[str, Any], path: str | Path, layers: list[Layer] | None) -> None:
+def _load_plugins(data: dict[str, Any], path: str | Path, layers: list[Layer] | None, overrides: Sequence[str]) -> None:
     """Load the installed plug-ins (entry points) and the spec's ``plugins`` (from the spec's
     folder first), so that its variants validate against them; a plug-in that cannot be
     loaded is a problem of the ``plugins`` field (or of the installed package's entry point)."""
@@ -501,18 +514,20 @@ def _load_plugins(data: dict[str, Any], path: str | Path, layers: list[Layer] | 
         except PluginError as e:
             problems.append((("plugins", i), str(e)))
     if problems:
-        _raise(path, problems, layers)
+        _raise(path, problems, layers, overrides)
 
 
-def load_spec(path: str | Path) -> Study:
-    """Read and validate a study spec file, merged over the bases it ``extends``.
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Study:
+    """Read and validate a study spec file, merged over the bases it ``extends``, with the
+    command-line ``overrides`` (``KEY=VALUE``, ``orchestrator.plan.overrides``) set over it.
 
     Raises:
         SpecError: the file or a base is missing, unreadable, not YAML, empty, ``extends``
-            forms a cycle, or the merged spec fails validation; the message names the file
-            holding each bad field and lists the allowed values.
+            forms a cycle, an override is malformed or cannot be set, or the merged spec fails
+            validation; the message names the file (or the override) holding each bad field
+            and lists the allowed values.
     """
     layers = read_layers(Path(path))
     if len(layers) == 1:
-        return parse_spec(layers[0].data, path)
-    return parse_spec(merge_layers(layers), path, layers)
+        return parse_spec(layers[0].data, path, overrides=overrides)
+    return parse_spec(merge_layers(layers), path, layers, overrides)

@@ -26,13 +26,16 @@ from pydantic_core import InitErrorDetails
 
 EXTENDS = "extends"
 Loc = tuple[str | int, ...]
+# Where a problem a command-line override caused is said to be (``orchestrator.plan.overrides``).
+OVERRIDE_PREFIX = "override "
 
 
 class SpecError(ValueError):
     """A spec file that cannot be used.
 
     ``problems`` holds (field path, message) pairs; ``files`` the file each problem is in:
-    the spec itself, or the base it extends that holds the bad field (default: ``path``).
+    the spec itself, the base it extends that holds the bad field (default: ``path``), or the
+    command-line override that set it (``override 'KEY=VALUE'``, ``OVERRIDE_PREFIX``).
     """
 
     def __init__(self, path: str | Path, problems: list[tuple[str, str]], files: list[str | Path] | None = None):
@@ -41,7 +44,7 @@ class SpecError(ValueError):
         self.files = [str(f) for f in files] if files is not None else [self.path] * len(problems)
         lines = []
         for file, (loc, msg) in zip(self.files, problems):
-            via = "" if file == self.path else f" (a base of {self.path})"
+            via = "" if file == self.path or file.startswith(OVERRIDE_PREFIX) else f" (a base of {self.path})"
             lines.append(f"{file}: {loc}: {msg}{via}" if loc else f"{file}: {msg}{via}")
         super().__init__("\n".join(lines))
 

@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import currencies, gaps, gate, plots, render, startup, tables, time_split, unigram
+from orchestrator.report import currencies, gaps, gate, plots, provenance, render, run_links, startup, tables, time_split, unigram
 from orchestrator.report import curves as C
 from orchestrator.report.claims import paper_claims
 from orchestrator.report.errors import ReportError
 from orchestrator.report.output import GENERATOR, check_out_dir, jsonable, swap_in, write_file
+from orchestrator.report.paired_curve import paired_curves
 from orchestrator.report.query import StudyData, query_study
 from orchestrator.report.ratio import token_ratio
 from orchestrator.report.scaling import scaling_analysis
@@ -76,7 +77,8 @@ def build_report(
     "gaps" lists every input the store lacks as a sentence (gaps.py); "unigram" the corpus's
     unigram baseline and each arm's final / unigram ratio (unigram.py), also per scale entry;
     "time_split" the study's worker seconds in and outside optimizer steps (time_split.py);
-    "startup" (when runs logged one) the median seconds to each run's first optimizer step (startup.py).
+    "startup" (when runs logged one) the median seconds to each run's first optimizer step (startup.py);
+    "code" the commit(s) the runs came from, with dirty flags and run counts (provenance.py).
     Raises ReportError when the experiment is missing, has no training runs, no run carries
     the variant and scale tags, the reference variant has no run, target names no variant
     of the study, or out_dir exists and is a file or a non-empty folder that is not a
@@ -101,6 +103,7 @@ def build_report(
     gate.attach(summary, tabs, data.tracking_uri, data.experiment_id, corpus)  # arms a gated ladder stopped
     time_split.attach(summary, tabs, data.runs, data.metrics)
     startup.attach(summary, tabs, data.runs, data.metrics)
+    summary["code"] = provenance.code_summary(data.runs)  # the commit(s) the runs came from
     if corpus is not None:
         summary["corpus"] = corpus
         for s_ in summary["scales"]:
@@ -174,6 +177,7 @@ def _build_per_corpus(study: str, tracking_uri: str, out: Path, corpora: list[st
         "corpora": corpora,
         "scales": [s_ for c in corpora for s_ in parts[c]["scales"]],
         "reports": {c: f"{c}/report.md" for c in corpora},
+        "code": provenance.merge_codes([parts[c]["code"] for c in corpora]),
     }
     write_file(out / "report.md", render.corpus_index(summary))
     write_file(out / "summary.json", json.dumps(jsonable(summary), indent=2))
@@ -193,6 +197,7 @@ class Numbers:
     target: str | None
     ratios: list[dict]
     paired: pd.DataFrame
+    paired_curve: pd.DataFrame  # paired_curve.paired_curves: the paired Δ loss at every eval point
     final: pd.DataFrame  # tables.final_table
     cost: pd.DataFrame  # curves.paired_cost, in table order
     attention: pd.DataFrame  # curves.final_attention, in table order
@@ -279,6 +284,7 @@ def _numbers(
         target=target,
         ratios=ratios,
         paired=paired,
+        paired_curve=paired_curves(finals, metrics, scales, variants, reference),
         final=tables.final_table(finals, scales, variants, reference, paired),
         cost=tables.in_order(C.paired_cost(finals, reference), scales, variants),
         attention=tables.in_order(C.final_attention(finals, metrics), scales, variants),
@@ -322,6 +328,7 @@ def _tables(n: Numbers) -> dict[str, pd.DataFrame]:
     out = {
         "final_ppl": n.final,
         "paired": tables.in_order(n.paired, n.scales, n.variants),
+        "paired_curve": n.paired_curve,
         "token_ratio": tables.ratio_table(n.ratios),
         "seed_std": C.seed_std(n.finals),
         "cost": n.cost,
@@ -331,6 +338,7 @@ def _tables(n: Numbers) -> dict[str, pd.DataFrame]:
         "contrasts": n.contrasts,
         "decomposition": n.decomposition,
         "claims": n.claims,
+        run_links.TABLE: run_links.table(n.finals, n.scales, n.variants),
     }
     accuracy = C.accuracy_table(n.finals)
     if len(accuracy):  # MQAR corpora only
@@ -343,6 +351,7 @@ def _summary(data: StudyData, n: Numbers, n_boot: int) -> dict:
         "generator": GENERATOR,
         "study": data.study,
         "tracking_uri": redact_uri(data.tracking_uri),
+        "experiment_id": data.experiment_id,
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "reference": n.reference,
         "target": n.target,
@@ -416,6 +425,7 @@ def _figures(n: Numbers) -> Figures:
             plots.ppl_curves(n.ppl_curves, n.finals, n.scales, cmap, n.reference, "step", d / "ppl_vs_tokens.png"),
             plots.ppl_curves(n.ppl_curves, n.finals, n.scales, cmap, n.reference, "flops", d / "ppl_vs_flops.png"),
             plots.ppl_curves(n.ppl_curves, n.finals, n.scales, cmap, n.reference, "wall_s", d / "ppl_vs_wallclock.png"),
+            plots.paired_dloss(n.paired_curve, cmap, n.reference, d / "paired_dloss_vs_tokens.png"),
             plots.token_ratios(n.ratios, n.scales, cmap, d / "token_ratio.png"),
             plots.scaling(n.finals, n.scaling, cmap, d / "scaling.png"),
             plots.seed_spread(C.seed_std(n.finals), n.scales, cmap, d / "seed_std.png"),

@@ -32,6 +32,7 @@ FIGURE_NEEDS = {
     "ppl_vs_tokens.png": "finished runs with val/ppl points",
     "ppl_vs_flops.png": "finished runs with val/ppl points and the flops_per_token param",
     "ppl_vs_wallclock.png": "finished runs with val/ppl and time/wall_s points",
+    "paired_dloss_vs_tokens.png": "a non-reference variant and the reference: finished planned runs of a shared seed and val/ppl points",
     "token_ratio.png": "a token ratio: a finished non-reference run and reference runs at two or more lengths",
     "scaling.png": "finished planned runs with a final perplexity",
     "seed_std.png": "two or more finished seeds of one variant at one scale",

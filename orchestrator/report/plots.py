@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from orchestrator.report.paper import PAPER_NOMINAL_N, PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_variant  # noqa: E402
 
@@ -52,8 +53,8 @@ def _log_ticks(axis, eng: bool = True) -> None:
     Matplotlib's default labels minor ticks when the axis spans under ~1 decade, and their
     sci-notation labels ("3x10^4 4x10^4 6x10^4") run into each other. Here: major ticks at
     1-2-5 (or 1..8) x 10^k chosen for the current limits, at most _MAX_TICKS, labelled with
-    SI prefixes (2M, 500k; eng=True, for counts) or plain numbers (perplexity). Call after the
-    data is drawn (uses the limits then).
+    SI prefixes (2M, 500k; eng=True, for counts) or plain numbers (perplexity), none closer than
+    1/(_MAX_TICKS + 1) of the axis span in log. Call after the data is drawn (uses the limits then).
     """
     lo, hi = sorted(axis.get_view_interval())
     if not (lo > 0 and np.isfinite(hi)):
@@ -65,10 +66,20 @@ def _log_ticks(axis, eng: bool = True) -> None:
             break
     if len(ticks) < 2:  # a sliver of a decade: evenly spaced round values
         ticks = [t for t in ticker.MaxNLocator(nbins=3).tick_values(lo, hi) if lo <= t <= hi and t > 0]
-    ticks = ticks[:: -(-len(ticks) // _MAX_TICKS)]
+    ticks = _spaced(ticks[:: -(-len(ticks) // _MAX_TICKS)], np.log10(hi / lo) / (_MAX_TICKS + 1))
     axis.set_major_locator(ticker.FixedLocator(ticks))
     axis.set_major_formatter(ticker.EngFormatter(sep="") if eng else ticker.FuncFormatter(lambda v, _: f"{v:.4g}"))
     axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _spaced(ticks: list[float], gap: float) -> list[float]:
+    """The ticks, left to right, less any closer than `gap` decades to the last one kept (1-8 x 10^k
+    ticks crowd at the top of a decade: 500M and 600M labels touch on a narrow panel)."""
+    kept: list[float] = []
+    for t in ticks:
+        if not kept or np.log10(t / kept[-1]) >= gap:
+            kept.append(t)
+    return kept
 
 
 def _save(fig, path: Path) -> Path:
@@ -78,6 +89,12 @@ def _save(fig, path: Path) -> Path:
 
 
 XLABEL = {"step": "tokens seen", "flops": "training FLOPs", "wall_s": "wall-clock (s)"}
+STD_BAND = "band: ± 1 std over seeds"  # a spread of 2-3 seeds, not an interval: the legend says so
+DIAGNOSTIC_LABEL = {
+    "attn/effective_rank": "effective rank",
+    "attn/entropy": "attention entropy (nats)",
+    "attn/spectral_gap": "spectral gap",
+}
 
 
 def _positive(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
@@ -108,7 +125,7 @@ def ppl_curves(
 ) -> Path | None:
     """Val perplexity vs x ("step" = tokens, "flops" or "wall_s"), one panel per scale.
 
-    Lines: seed mean of each variant's planned (x1) run, band = +-1 seed std; dotted: the
+    Lines: seed mean of each variant's planned (x1) run, band = +-1 seed std (labelled so); dotted: the
     reference's extend runs. Markers: final perplexity of the reference's extend runs (the
     points the token ratio interpolates). Points without a positive x (no flops_per_token, no
     time/wall_s) are left out; None when no panel has any.
@@ -133,8 +150,9 @@ def ppl_curves(
         if len(pts):
             ax.plot(pts[fx], pts["final_ppl"], "kx", ms=7, label=f"{reference} extend finals")
         if _log_axes(ax, not c.empty, f"val/ppl vs {XLABEL[x]}"):
+            ax.fill_between([], [], [], color="grey", alpha=0.2, lw=0, label=STD_BAND)
             ax.legend(fontsize=7)
-        ax.set_title(f"scale {scale}")
+        ax.set_title(f"scale {scale}: val perplexity, seed mean", fontsize=10)
         ax.set_xlabel(XLABEL[x])
         ax.set_ylabel("val perplexity")
         ax.grid(True, which="major", alpha=0.3)
@@ -165,7 +183,7 @@ def token_ratios(ratios: list[dict], scales: list[str], cmap: dict[str, str], pa
     ax.set_xticks(range(len(scales)), scales)
     ax.set_xlabel("scale")
     ax.set_ylabel("reference tokens / variant tokens\nat equal perplexity")
-    ax.set_title("token ratio (triangles: censored bound)")
+    ax.set_title("token ratio, bars: 95% interval (triangles: censored bound)", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
@@ -265,7 +283,8 @@ def seed_spread(std: pd.DataFrame, scales: list[str], cmap: dict[str, str], path
 
 
 def attention(diag: dict[str, pd.DataFrame], scales: list[str], cmap: dict[str, str], path: Path) -> Path | None:
-    """Attention diagnostics (one row per metric) over training tokens, one column per scale."""
+    """Attention diagnostics (one row per metric) over training tokens, one column per scale:
+    seed mean per variant, band = +-1 std over seeds (labelled so in each legend)."""
     diag = {k: v for k, v in diag.items() if not v.empty}
     if not diag:
         return None
@@ -279,13 +298,74 @@ def attention(diag: dict[str, pd.DataFrame], scales: list[str], cmap: dict[str, 
                 ax.fill_between(
                     g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0), color=cmap[variant], alpha=0.2, lw=0
                 )
-            ax.set_title(f"{key}, scale {scale}", fontsize=9)
+            ax.set_title(f"{key}, scale {scale}: seed mean", fontsize=9)
             if cs.empty:
                 ax.text(0.5, 0.5, f"no {key}", ha="center", va="center", transform=ax.transAxes, fontsize=8, color="grey")
                 continue
             ax.set_xscale("log")
             _log_ticks(ax.xaxis)
             ax.set_xlabel("tokens seen")
+            ax.set_ylabel(DIAGNOSTIC_LABEL.get(key, key))
             ax.grid(True, alpha=0.3)
+            ax.fill_between([], [], [], color="grey", alpha=0.2, lw=0, label=STD_BAND)
             ax.legend(fontsize=6)
     return _save(fig, path)
+
+
+def paired_dloss(data: pd.DataFrame, cmap: dict[str, str], reference: str, path: Path) -> Path | None:
+    """Seed-paired Δ val loss (variant - reference, nats/token) vs the variant's tokens seen, one
+    panel per (scale, corpus), from paired_curve.paired_curves rows.
+
+    Points joined by a line: the eval points, bars = their 95% paired t interval (none where
+    one seed pairs); hollow diamond: the final passes at the planned budget, the verdict table's
+    paired Δ and interval (in a FLOP-matched study the reference's final is at its own tokens).
+    Variants sit a little apart in x (±2% of tokens per step) so their bars do not hide each
+    other. Each panel names its seed pairs n per variant (a point with fewer pairs than its
+    variant's most carries its own n); one legend under the panels. None when there is no row.
+    """
+    if data.empty:
+        return None
+    panels = list(dict.fromkeys(zip(data["scale"], data["corpus"])))
+    variants = list(dict.fromkeys(data["variant"]))
+    fig, axes = _panels(len(panels), width=4.6, height=3.6)
+    for ax, (scale, corpus) in zip(axes[0], panels):
+        p = data[(data["scale"] == scale) & (data["corpus"] == corpus)]
+        counts = [
+            _dloss_points(ax, g, cmap[v], 1.02 ** (variants.index(v) - (len(variants) - 1) / 2))
+            for v, g in p.groupby("variant", sort=False)
+        ]
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        _log_ticks(ax.xaxis)
+        ax.set_xlabel("tokens seen (variant's run)")
+        ax.set_ylabel("Δ val loss (nats/token)\nvariant − reference, < 0: variant better")
+        ax.set_title(f"scale {scale}" + (f", corpus {corpus}" if corpus else "") + ": seed-paired Δ loss", fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+        ns = dict(zip(p.groupby("variant", sort=False).groups, counts))
+        text = f"n = {counts[0]} seed pairs" if len(set(counts)) == 1 else "seed pairs: " + ", ".join(f"{v} {n}" for v, n in ns.items())
+        ax.text(0.02, 0.98, text, transform=ax.transAxes, fontsize=7, va="top", ha="left", bbox={"fc": "white", "ec": "none", "alpha": 0.8})
+    one = int(data["n_pairs"].max()) < 2
+    handles = [Line2D([], [], color=cmap[v], marker="o", ms=3, lw=1, label=f"{v} − {reference}") for v in variants]
+    handles.append(Line2D([], [], color="k", marker="D", mfc="none", ls="none", label="final pass at the planned budget (verdict table)"))
+    bars = "bars: none (one seed pair: no interval)" if one else "bars: 95% paired t interval over seed pairs"
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3), fontsize=7, title=bars, title_fontsize=7)
+    return _save(fig, path)
+
+
+def _dloss_points(ax, g: pd.DataFrame, color: str, dodge: float) -> str:
+    """One variant's eval points (line, interval bars, low-n labels) and its final-pass point, at
+    tokens x `dodge`; returns its seed pairs n ("3", or "2-3" when the points differ)."""
+
+    def err(r: pd.DataFrame) -> np.ndarray:
+        d = r["dloss"].to_numpy(float)
+        return np.nan_to_num(np.vstack([d - r["low"].to_numpy(float), r["high"].to_numpy(float) - d]), nan=0.0)
+
+    e, fin = g[g["point"] == "eval"].sort_values("tokens"), g[g["point"] == "final"]
+    lo, hi = int(g["n_pairs"].min()), int(g["n_pairs"].max())
+    ax.errorbar(e["tokens"] * dodge, e["dloss"], yerr=err(e), fmt="o-", ms=3, lw=1, capsize=2, color=color)
+    for r in e[e["n_pairs"] < hi].itertuples():
+        ax.annotate(
+            f"n={r.n_pairs}", (r.tokens * dodge, r.dloss), textcoords="offset points", xytext=(0, 6), fontsize=6, ha="center", color=color
+        )
+    ax.errorbar(fin["tokens"] * dodge, fin["dloss"], yerr=err(fin), fmt="D", mfc="none", ms=6, capsize=3, color=color)
+    return str(hi) if lo == hi else f"{lo}-{hi}"

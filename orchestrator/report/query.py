@@ -32,6 +32,8 @@ from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, sqlite_path
 RUN_TAGS = ("study", "run_id", "variant", "scale", "seed", "corpus", "extend", "status", "failure_reason")
 NUMERIC_PARAMS = ("n_params", "n_params_total", "flops_per_token", "planned_tokens", "seq_len", "global_batch")
 _SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mssql")
+# MLflow's own tags are dropped from the run table but these (the run's code, track.provenance)
+KEPT_MLFLOW_TAGS = ("mlflow.source.git.commit",)
 
 
 @dataclass
@@ -325,7 +327,7 @@ def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame) -> 
         runs[name] = t[name].reindex(runs.index) if name in t.columns else None
     runs["kind"] = t[KIND_TAG].reindex(runs.index) if KIND_TAG in t.columns else None
     for name in t.columns:
-        if name not in RUN_TAGS and name != KIND_TAG and not name.startswith("mlflow."):
+        if name not in RUN_TAGS and name != KIND_TAG and (not name.startswith("mlflow.") or name in KEPT_MLFLOW_TAGS):
             runs[f"tags.{name}"] = t[name].reindex(runs.index)
     for name in NUMERIC_PARAMS:
         col = p[name].reindex(runs.index) if name in p.columns else pd.Series(np.nan, index=runs.index)

@@ -13,19 +13,27 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestrator.report import provenance
 from orchestrator.report.sections import sections
 
 CAPTIONS = {
     "ppl_vs_tokens.png": "Validation perplexity vs tokens seen, one panel per scale "
-    "(seed mean, band = +-1 std; x = final points of the reference's extend runs).",
+    "(seed mean, band = ± 1 std over seeds, not an interval; x = final points of the reference's extend runs).",
     "ppl_vs_flops.png": 'Validation perplexity vs training FLOPs (3 x forward; README, "Conventions the numbers depend on"), '
     "one panel per scale.",
     "ppl_vs_wallclock.png": "Validation perplexity vs wall-clock seconds, one panel per scale.",
+    "paired_dloss_vs_tokens.png": "Seed-paired Δ val loss (variant − reference, nats/token) vs the variant's tokens seen, "
+    "one panel per scale and corpus: at each eval point of the planned runs the mean over seed pairs with its 95% paired t "
+    "interval (the tables' test; no bar with one pair), n = seed pairs. The reference's loss is read at the same step "
+    "where it evaluated there, else interpolated linearly in log tokens on its own curve (a FLOP-matched arm's steps), "
+    "never extrapolated (paired_curve.csv, column read). Hollow diamond: the verdict table's paired Δ of the final "
+    "passes at the planned budget (in a FLOP-matched study the reference's final is at its own token count, so the "
+    "diamond can lie off the equal-token curve).",
     "token_ratio.png": "Token ratio per scale with its 95% seed-paired interval; triangles are censored bounds.",
     "scaling.png": "Final perplexity vs N (non-embedding) and vs FLOPs, with fitted L = E + A x^-alpha only where "
     "the Scaling section accepts a fit; the paper's points on their own panel.",
     "seed_std.png": "Seed standard deviation of final perplexity (paper: coupled 0.04, uncoupled MLP 0.31).",
-    "attention.png": "Attention diagnostics over training (seed mean +-1 std).",
+    "attention.png": "Attention diagnostics over training (seed mean, band = ± 1 std over seeds, not an interval).",
 }
 
 
@@ -46,15 +54,20 @@ def _code(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
 
+def _links(text: str) -> str:
+    """Markdown links to http(s) pages, ``[text](https://...)``, -> <a> (the text is already HTML-escaped)."""
+    return re.sub(r"\[([^\[\]]+)\]\((https?://[^\s()<>\"]+)\)", r'<a href="\2">\1</a>', text)
+
+
 def html(summary: dict, tables: dict[str, pd.DataFrame], fig_dir: Path) -> str:
     """One self-contained HTML page; each figure is read from fig_dir and embedded as base64."""
     esc = htmlmod.escape
     body = []
     for i, s in enumerate(sections(summary, tables)):
         body.append(f"<h{1 if i == 0 else 2}>{esc(s.title)}</h{1 if i == 0 else 2}>")
-        body += [f"<p>{_code(esc(t))}</p>" for t in s.text]
+        body += [f"<p>{_links(_code(esc(t)))}</p>" for t in s.text]
         if s.table is not None:
-            body.append(s.table.to_html(index=False, na_rep="—", border=0, classes="t"))
+            body.append(_links(s.table.to_html(index=False, na_rep="—", border=0, classes="t")))
         for f in s.figures:
             data = base64.b64encode((Path(fig_dir) / f).read_bytes()).decode("ascii")
             caption = esc(CAPTIONS.get(f, f))
@@ -77,6 +90,8 @@ def corpus_index(summary: dict) -> str:
     corpora, variants = summary["corpora"], _variants(summary)
     lines = [f"# qkstudy report: {summary['study']}", "", "One report per corpus (scales are not pooled across corpora):", ""]
     lines += [f"- [{c}]({c}/report.md) ([html]({c}/report.html))" for c in corpora]
+    if "code" in summary:  # which commit(s) the runs came from (provenance.py)
+        lines += ["", provenance.code_line(summary["code"])]
     lines += [
         "",
         "Token ratio of each scale's headline variant (`<B`/`>B`: censored at the measured range), "

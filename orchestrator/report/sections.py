@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from orchestrator.report import gate, startup, time_split, tuning, unigram
+from orchestrator.report import gate, provenance, run_links, startup, time_split, tuning, unigram
 from orchestrator.report.interval import COVERAGE
 from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
 from orchestrator.report.scaling import CROSSOVER_LIMIT, PI_COVERAGE, SPARE_SCALES
@@ -79,6 +79,11 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
         *([Section("Gated arms", gate.section_text(summary), gate.display(tables[gate.TABLE]))] if gate.TABLE in tables else []),
         problems(summary, tables),
         missing_inputs(summary),
+        *(
+            [Section("Runs in MLflow", run_links.section_text(summary), run_links.display(summary, tables[run_links.TABLE]))]
+            if run_links.TABLE in tables
+            else []
+        ),
     ]
     figs = set(summary.get("figures", []))
     for s in out:
@@ -94,6 +99,8 @@ def intro(summary: dict) -> Section:
         f"`{ref}`, {head}. Runs: {runs['total']} in MLflow, {runs['finished']} finished with a final "
         f"perplexity, {len(runs['failed'])} failed, {len(runs['incomplete'])} incomplete, {len(runs['missing'])} missing."
     ]
+    if "code" in summary:  # which commit(s) the runs came from (provenance.py)
+        text.append(provenance.code_line(summary["code"]))
     if not runs["finished"]:
         text.append("There is no finished run to compare: every run failed or is incomplete (listed at the end).")
     if summary.get("gaps"):
@@ -172,7 +179,7 @@ def paired(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
             "note": pt["note"].fillna(""),
         }
     )
-    return Section("Seed-paired differences", text, table)
+    return Section("Seed-paired differences", text, table, ["paired_dloss_vs_tokens.png"])
 
 
 CURRENCY_NAMES = {"tokens": "equal tokens", "flops": "equal model FLOPs", "wall_s": "equal wall-clock"}

@@ -1,22 +1,25 @@
-"""A finished run's final weights: consolidated, logged to its MLflow run, loadable without
-DeepSpeed, and used to evaluate a corpus or sample text later.
+"""A finished run's final weights: consolidated, logged as an MLflow logged model of the run,
+loadable without DeepSpeed, and used to evaluate a corpus or sample text later.
 
 What is saved: the weights the engine computes with at the last step, as one plain
-``{name: tensor}`` state dict of ``model.GPT`` in float32 (``torch.save``). ZeRO-0/1/2 keep full
-parameters on every rank, so rank 0 copies ``engine.module``'s; ZeRO-3 partitions them, so
-every rank gathers one parameter at a time (``deepspeed.zero.GatheredParameters``, public API;
-memory: one parameter more per rank, never the whole model) and rank 0 copies it. Why not
-``zero_to_fp32``: it needs a full DeepSpeed checkpoint on disk first and yields the fp32
-optimizer masters; on CPU (fp32) they equal the module's weights, and on GPU (bf16) the
-module's are the ones the final evaluation used, so ``evaluate`` reproduces ``final/val_loss``.
+``{name: tensor}`` state dict of ``model.GPT`` in float32, in safetensors (tensors and their
+names only: loading runs no code, unlike a pickle). ZeRO-0/1/2 keep full parameters on every
+rank, so rank 0 copies ``engine.module``'s; ZeRO-3 partitions them, so every rank gathers one
+parameter at a time (``deepspeed.zero.GatheredParameters``, public API; memory: one parameter
+more per rank, never the whole model) and rank 0 copies it. Why not ``zero_to_fp32``: it needs
+a full DeepSpeed checkpoint on disk first and yields the fp32 optimizer masters; on CPU (fp32)
+they equal the module's weights, and on GPU (bf16) the module's are the ones the final
+evaluation used, so ``evaluate`` reproduces ``final/val_loss``.
 
-Where: the run's artifacts under ``final_weights/`` (``model.pt``, ``model_config.json``,
-``weights.json`` with the digest and step), written into a temp folder (``model.pt`` through a
-temp name and a rename) and uploaded with ``MlflowClient.log_artifacts``. The SHA-256 of
-``model.pt`` is then set as the run's tag ``final_weights.sha256``: the tag lives in the
-tracking store, apart from the artifact store (shared storage is not trusted, DESIGN.md), and
-it is the commit marker: a run with the tag has complete artifacts. ``load_run`` downloads,
-checks the file against the tag (and ``weights.json``), refuses a mismatch, and loads with
+Where: an MLflow 3 logged model named ``final_weights`` whose source run is the training run
+(the Models tab lists it, ``models:/<model_id>`` downloads it), holding ``model.safetensors``,
+``model_config.json`` and ``weights.json`` (the digest and step); its id is the run's tag
+``qkstudy.final_model_id``. The SHA-256 of ``model.safetensors`` is then set as the run's tag
+``final_weights.sha256``: the tag lives in the tracking store, apart from the artifact store
+(shared storage is not trusted, DESIGN.md), and it is the commit marker: a run with the tag has
+complete weights. ``load_run`` downloads, checks the file against the tag (and
+``weights.json``), refuses a mismatch, and reads the tensors. Runs logged before logged models
+(``final_weights/model.pt`` among the run's artifacts, ``torch.save``) still load, with
 ``torch.load(weights_only=True)``.
 """
 
@@ -33,17 +36,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mlflow.artifacts import download_artifacts
 from mlflow.exceptions import MlflowException
+from safetensors.torch import load_file, save_file
 
 from model import GPT, ModelConfig
 from orchestrator.run.worker.evaluate import eval_sums
 from orchestrator.track.publish import is_published
 from orchestrator.track.tracking import client_for
 
-ARTIFACT_DIR = "final_weights"
-WEIGHTS_FILE, CONFIG_FILE, META_FILE = "model.pt", "model_config.json", "weights.json"
+ARTIFACT_DIR = "final_weights"  # the logged model's name; the run artifact folder of the legacy layout
+WEIGHTS_FILE, CONFIG_FILE, META_FILE = "model.safetensors", "model_config.json", "weights.json"
+LEGACY_WEIGHTS_FILE = "model.pt"  # torch.save, before logged models
 DIGEST_TAG = "final_weights.sha256"
-FORMAT = "qkstudy.final_weights/1"
+MODEL_TAG = "qkstudy.final_model_id"
+FORMAT = "qkstudy.final_weights/2"  # 2: safetensors in a logged model; 1: model.pt in the run's artifacts
 
 
 class FinalWeightsError(RuntimeError):
@@ -90,11 +97,21 @@ def consolidated_state_dict(engine: Any, zero_stage: int, rank: int) -> dict[str
 def write_weights(
     folder: Path, state_dict: dict[str, torch.Tensor], model_config: dict[str, Any], meta: dict[str, Any] | None = None
 ) -> str:
-    """Write ``model.pt`` (temp name, then rename), ``model_config.json`` and ``weights.json``
-    into ``folder``; returns the SHA-256 of ``model.pt``. ``model_config``: ModelConfig fields."""
+    """Write ``model.safetensors`` (temp name, then rename), ``model_config.json`` and
+    ``weights.json`` into ``folder``; returns the SHA-256 of ``model.safetensors``.
+    ``model_config``: ModelConfig fields. Tensors that share storage (a tied head) are written
+    once each under their own names (safetensors refuses aliases)."""
     ModelConfig(**model_config)  # refuse a config the loader could not build
+    seen: set[int] = set()
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in state_dict.items():
+        t = t.detach().to("cpu").contiguous()
+        if t.untyped_storage().data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        tensors[name] = t
     tmp = folder / (WEIGHTS_FILE + ".tmp")
-    torch.save(state_dict, tmp)
+    save_file(tensors, str(tmp), metadata={"format": FORMAT})
     digest = sha256_file(tmp)
     tmp.rename(folder / WEIGHTS_FILE)
     (folder / CONFIG_FILE).write_text(json.dumps(model_config, indent=2, sort_keys=True))
@@ -117,11 +134,27 @@ def log_final_weights(
     model_config: dict[str, Any],
     meta: dict[str, Any] | None = None,
 ) -> str:
-    """Log a state dict as the run's final weights (see the module doc); returns its digest."""
+    """Log a state dict as the run's final weights, a logged model of the run (see the module
+    doc); returns its digest. A failed upload leaves the logged model FAILED and the run
+    without the digest tag (so without final weights)."""
     client = client_for(tracking_uri)
+    run = client.get_run(mlflow_run_id)
     with tempfile.TemporaryDirectory(prefix="qkstudy-final-") as d:
         digest = write_weights(Path(d), state_dict, model_config, meta)
-        client.log_artifacts(mlflow_run_id, d, ARTIFACT_DIR)
+        model = client.create_logged_model(
+            run.info.experiment_id,
+            name=ARTIFACT_DIR,
+            source_run_id=mlflow_run_id,
+            tags={DIGEST_TAG: digest, "qkstudy.format": FORMAT},
+            params={k: str(v) for k, v in sorted(model_config.items())},
+        )
+        try:
+            client.log_model_artifacts(model.model_id, d)
+        except BaseException:
+            client.finalize_logged_model(model.model_id, "FAILED")
+            raise
+    client.finalize_logged_model(model.model_id, "READY")
+    client.set_tag(mlflow_run_id, MODEL_TAG, model.model_id)
     client.set_tag(mlflow_run_id, DIGEST_TAG, digest)  # last: the commit marker
     return digest
 
@@ -171,24 +204,30 @@ def load_run(tracking_uri: str, mlflow_run_id: str, device: str | torch.device =
             f"MLflow run {mlflow_run_id}: this store was published without its artifacts ({run.info.artifact_uri}): "
             "final weights are read from the store the study trained into"
         )
+    model_id = run.data.tags.get(MODEL_TAG)
     with tempfile.TemporaryDirectory(prefix="qkstudy-load-") as d:
+        where = f"models:/{model_id}" if model_id else f"{run.info.artifact_uri}/{ARTIFACT_DIR}"
         try:
-            folder = Path(client.download_artifacts(mlflow_run_id, ARTIFACT_DIR, d))
+            if model_id:  # through the model's own artifact location: models:/ resolves against the global tracking URI
+                location = client.get_logged_model(model_id).artifact_location
+                folder = Path(download_artifacts(artifact_uri=location, dst_path=d))
+            else:
+                folder = Path(client.download_artifacts(mlflow_run_id, ARTIFACT_DIR, d))
         except (MlflowException, OSError) as e:  # a store copied from another machine keeps that machine's artifact paths
             raise FinalWeightsError(
-                f"MLflow run {mlflow_run_id}: its final weights cannot be read from {run.info.artifact_uri}/{ARTIFACT_DIR} "
-                f"({type(e).__name__}): the store's artifacts are elsewhere (another machine, or moved); copy them there "
-                "or open the store where they are"
+                f"MLflow run {mlflow_run_id}: its final weights cannot be read from {where} ({type(e).__name__}): the "
+                "store's artifacts are elsewhere (another machine, or moved); copy them there or open the store where they are"
             ) from None
-        got = sha256_file(folder / WEIGHTS_FILE)
+        file = folder / (WEIGHTS_FILE if model_id else LEGACY_WEIGHTS_FILE)
+        got = sha256_file(file)
         meta = json.loads((folder / META_FILE).read_text())
         if got != want or meta.get("sha256") != want:
             raise FinalWeightsError(
-                f"MLflow run {mlflow_run_id}: {ARTIFACT_DIR}/{WEIGHTS_FILE} has SHA-256 {got}, "
-                f"the run recorded {want}: refusing to load a changed file"
+                f"MLflow run {mlflow_run_id}: {file.name} of {where} has SHA-256 {got}, the run recorded {want}: "
+                "refusing to load a changed file"
             )
         cfg = ModelConfig(**json.loads((folder / CONFIG_FILE).read_text()))
-        state = torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        state = load_file(file) if model_id else torch.load(file, map_location="cpu", weights_only=True)
     model = GPT(cfg, seed=0)
     try:
         model.load_state_dict(state, strict=True)

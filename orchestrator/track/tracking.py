@@ -211,9 +211,17 @@ def run_status(run: Any) -> str:
     return run.data.tags.get("status", STATUS_QUEUED)
 
 
-def create_run(client: MlflowClient, experiment_id: str, spec: Any, extra_params: dict[str, Any] | None = None) -> str:
-    """Create the MLflow run of a planned run (RunSpec) with its tags and params; return its id."""
+def create_run(
+    client: MlflowClient,
+    experiment_id: str,
+    spec: Any,
+    extra_params: dict[str, Any] | None = None,
+    extra_tags: dict[str, str] | None = None,
+) -> str:
+    """Create the MLflow run of a planned run (RunSpec) with its tags and params; return its id.
+    ``extra_tags`` (the driver's provenance, ``track.provenance``) are set at creation too."""
     tags = {
+        **(extra_tags or {}),
         KIND_TAG: getattr(spec, "kind", KIND_TRAIN),  # a tuning run is kind tune
         "study": spec.study,
         "run_id": spec.run_id,

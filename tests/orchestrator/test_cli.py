@@ -180,3 +180,11 @@ def test_plan_power_with_one_seed_and_in_json_mode(tmp_path):
     assert res.exit_code == 0 and len(json.loads(res.stdout)) == 6  # stdout is the runs alone
     assert "detectable at 80% power is 0.231 nats" in " ".join(res.stderr.split())
     assert CliRunner().invoke(app, ["plan", str(spec), "--seed-sd", "-1"]).exit_code == 2
+
+
+def test_version_prints_the_installed_version_and_exits_0():
+    from importlib.metadata import version
+
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"qkstudy {version('qkstudy')}"
+    assert CliRunner().invoke(app, ["validate", "--version"]).exit_code == 2  # a global option, not a command's

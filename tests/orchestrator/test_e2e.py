@@ -68,6 +68,35 @@ def test_one_finished_mlflow_run_per_planned_run(study):
         assert m["time/step_s"] == pytest.approx(m["time/wall_s"], rel=0.05)
 
 
+def test_each_run_records_the_code_spec_and_environment_it_came_from(tiny_study):
+    """Every run names the commit of the checkout it ran from and whether that was dirty (as git
+    says now: nothing here changes the code), the qkstudy version, the user, the resolved spec's
+    hash (with the spec as an artifact) and the spec's description as its note, like its experiment."""
+    import getpass
+    from importlib.metadata import version
+
+    import yaml
+
+    from orchestrator.plan.spec import load_spec
+    from orchestrator.track import provenance as P
+
+    c, runs = _train_runs(tiny_study.folder)
+    code = P.git_state(P.CODE_ROOT)
+    digest = P.resolved_spec(load_spec(tiny_study.spec), tiny_study.spec)[1]
+    for r in runs:
+        t = r.data.tags
+        if code["commit"]:  # a checkout (CI's clone, a developer's tree)
+            assert t[P.COMMIT_TAG] == code["commit"] and t[P.DIRTY_TAG] == str(code["dirty"]).lower()
+        else:
+            assert P.COMMIT_TAG not in t and t[P.SOURCE_TAG] == P.NOT_A_CHECKOUT
+        assert t[P.VERSION_TAG] == version("qkstudy") and t["mlflow.user"] == getpass.getuser()
+        assert t["mlflow.source.type"] == "LOCAL" and t[P.SPEC_HASH_TAG] == digest
+        assert t[P.NOTE_TAG] == "the end-to-end tests' study"
+        resolved = yaml.safe_load(Path(c.download_artifacts(r.info.run_id, P.RESOLVED_ARTIFACT)).read_text())
+        assert resolved["resolved"]["name"] == "e2e" and resolved["extends_chain"][0]["file"] == "e2e.yaml"
+    assert c.get_experiment_by_name("e2e").tags[P.NOTE_TAG] == "the end-to-end tests' study"
+
+
 def test_loss_goes_down(study):
     d, *_ = study
     c, runs = _train_runs(d)

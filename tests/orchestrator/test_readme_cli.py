@@ -35,8 +35,12 @@ def test_every_documented_command_and_option_exists():
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.S))
     uses = re.findall(r"`qkstudy ([^`]+)`", README) + re.findall(r"^qkstudy (.+)$", blocks, re.M)
     assert len(uses) > 20
+    root = {o for p in typer.main.get_command(app).params for o in p.opts if o.startswith("--")}  # `qkstudy --version`
     for use in uses:
         words = use.split("#")[0].split()
+        if words[0].startswith("--"):
+            assert words[0] in root, f"README shows `qkstudy {use}`: qkstudy has no {words[0]}"
+            continue
         name = next((c for c in sorted(commands, key=len, reverse=True) if words[: len(c.split())] == c.split()), None)
         assert name is not None, f"README shows `qkstudy {use}`: no such command"
         for opt in re.findall(r"(--[a-z][a-z-]*)", use.split("#")[0]):

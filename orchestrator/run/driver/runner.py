@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from mlflow.entities import RunTag
 from rich.console import Console
 
 from model.plugins import py_modules
@@ -57,6 +58,7 @@ from orchestrator.run.driver.records import (
 )
 from orchestrator.run.progress import StudyProgress, board_name, get_board, on_driver_node
 from orchestrator.track.lease import JOB_ID_ENV, STUDY_LEASE, Lease
+from orchestrator.track.provenance import Provenance, log_artifacts, resume_tags, set_experiment_note
 from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_QUEUED, create_run, redact_uri, set_status
 
@@ -125,6 +127,7 @@ def run_runs(
     wait: bool = False,
     lease: Lease | None = None,
     timeline: Timeline | None = None,
+    provenance: Provenance | None = None,
 ) -> StudyResult:
     """Schedule ``runs`` (all of one study) on Ray under the study's lease; see
     ``orchestrator.run.driver.study.run_study`` for the other arguments.
@@ -137,6 +140,9 @@ def run_runs(
 
     ``timeline``: the command's start-up marks so far (``track.timeline``; the CLI's start from
     the process's); None starts one here. Each run's start-up timeline continues it.
+
+    ``provenance``: the driver's code, spec and environment (``track.provenance.gather``),
+    tagged on every run this call creates or resumes; None records none.
 
     ``qkstudy train RUN.yaml`` calls this with one run: the same code path as a study.
 
@@ -157,9 +163,13 @@ def run_runs(
                 f"run_runs(lease=...) needs the held study lease of {storage_path!r}, got lease "
                 f"{lease.name!r} of {lease.location!r} (generation {lease.generation})"
             )
-        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline, declared)
+        return _run_leased(
+            runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline, declared, provenance
+        )
     with study_lease(study_name, storage_path, console, wait=wait):
-        return _run_leased(runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline, declared)
+        return _run_leased(
+            runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline, declared, provenance
+        )
 
 
 def _run_leased(
@@ -173,6 +183,7 @@ def _run_leased(
     max_in_flight: int | None,
     timeline: Timeline | None,
     declared: ClusterGrowth | None,
+    provenance: Provenance | None = None,
 ) -> StudyResult:
     """``run_runs`` once the study's lease is held (by this call or by its caller); ``declared``
     what ``QKSTUDY_CLUSTER_CONFIG`` says the cluster can grow to (``placement.declared_growth``)."""
@@ -198,7 +209,7 @@ def _run_leased(
     check_data_fits(runs, datasets)  # before MLflow is touched: a bad corpus leaves no record
     timeline.mark("data")
 
-    todo = _register(runs, study_name, tracking_uri, datasets, growth, result, console)
+    todo = _register(runs, study_name, tracking_uri, datasets, growth, result, console, provenance)
     record_unigrams(tracking_uri, study_name, {n: d.get("unigram") for n, d in datasets.items()}, console)
     skipped = sum(1 for s in result.status.values() if s == "skipped")
     if skipped:
@@ -220,12 +231,16 @@ def _register(
     growth: ClusterGrowth | None,
     result: StudyResult,
     console: Console,
+    provenance: Provenance | None = None,
 ) -> list[tuple[RunSpec, str]]:
     """Match each run to its MLflow record: skip the finished ones (same data), report the
     ones that can never fit (on the alive nodes, nor on what the cluster can grow to), queue
     the rest under their MLflow run (resumed, or created; a record the plan replaced is marked
-    superseded, ``run.driver.records``). Returns [(run, MLflow run id)] to train."""
+    superseded, ``run.driver.records``), tagged with ``provenance`` when given. Returns
+    [(run, MLflow run id)] to train."""
     client, exp_id, existing = existing_runs(tracking_uri, study_name, runs_kind(runs))
+    if provenance is not None:
+        set_experiment_note(client, exp_id, provenance)
     supersede_replaced(client, existing, runs, datasets, console)
     todo: list[tuple[RunSpec, str]] = []
     nodes = alive_nodes()
@@ -244,6 +259,8 @@ def _register(
         if prev is not None and same_data:
             mlflow_id = prev.info.run_id  # resume: the same MLflow run and Ray Train run name
             set_status(client, mlflow_id, STATUS_QUEUED)
+            if provenance is not None:  # the code that trains it from here on
+                client.log_batch(mlflow_id, tags=[RunTag(k, v) for k, v in resume_tags(prev.data.tags, provenance).items()])
         else:
             if prev is not None:  # same id, other data (a run planned without a data hash)
                 mark_superseded(
@@ -252,7 +269,9 @@ def _register(
                     run.run_id,
                     f"trained on other data (content hash {prev.data.params.get('data_hash')}, now {data['content_hash']})",
                 )
-            mlflow_id = create_run(client, exp_id, run, run_params(run, data))
+            mlflow_id = create_run(client, exp_id, run, run_params(run, data), provenance.tags if provenance else None)
+            if provenance is not None and (why := log_artifacts(client, mlflow_id, provenance)):
+                console.print(f"[yellow]warning[/]: {run.run_name}: provenance artifacts not stored: {why}")
         todo.append((run, mlflow_id))
     return todo
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -56,6 +57,7 @@ from orchestrator.run.driver.leasing import study_lease
 from orchestrator.run.driver.records import existing_runs
 from orchestrator.run.driver.runner import StudyResult, run_runs
 from orchestrator.track.gate_record import record_gate
+from orchestrator.track.provenance import Provenance
 from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import client_for, ensure_experiment, run_status, set_tune_tag, study_tracking_uri, unigram_from_tags
 
@@ -72,6 +74,7 @@ def run_study(
     wait: bool = False,
     timeline: Timeline | None = None,
     gate_decider: GateDecider | None = None,
+    provenance: Provenance | None = None,
 ) -> StudyResult:
     """Train every planned run of ``study`` that is not already finished (with ``tune:``, its
     tuning runs first, then its main runs at the chosen LRs: ``run_tuned_study``), holding the
@@ -88,6 +91,8 @@ def run_study(
             runs continue it, a later stage's start their own at its start.
         gate_decider: with ``gate:``, the gate's decision (``orchestrator.report.gate.decide``;
             ``run_gated_study``).
+        provenance: the driver's code, spec and environment (``track.provenance.gather``),
+            tagged on every run it creates or resumes.
 
     Returns:
         StudyResult with every run's final state (also in MLflow, which is the record).
@@ -98,35 +103,16 @@ def run_study(
             cannot be read to compute its content hash.
         ValueError: a study with ``gate:`` and no ``gate_decider``.
     """
-    if study.gate is not None:
-        if gate_decider is None:
-            raise ValueError(f"study {study.name!r} has a gate: run_study needs gate_decider (orchestrator.report.gate.decide)")
-        return run_gated_study(
-            study,
-            gate_decider,
-            address=address,
-            console=console,
-            verbose=verbose,
-            max_in_flight=max_in_flight,
-            wait=wait,
-            timeline=timeline,
-        )
-    if study.tune is not None:
-        return run_tuned_study(
-            study, address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, wait=wait, timeline=timeline
-        )
-    return run_runs(
-        plan_study(study),
-        study.name,
-        study_tracking_uri(study),
-        study.resolved_storage_path,
-        address=address,
-        console=console,
-        verbose=verbose,
-        max_in_flight=max_in_flight,
-        wait=wait,
-        timeline=timeline,
+    if study.gate is not None and gate_decider is None:
+        raise ValueError(f"study {study.name!r} has a gate: run_study needs gate_decider (orchestrator.report.gate.decide)")
+    kw: dict[str, Any] = dict(  # the arguments every protocol takes
+        address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, wait=wait, timeline=timeline, provenance=provenance
     )
+    if study.gate is not None and gate_decider is not None:
+        return run_gated_study(study, gate_decider, **kw)
+    if study.tune is not None:
+        return run_tuned_study(study, **kw)
+    return run_runs(plan_study(study), study.name, study_tracking_uri(study), study.resolved_storage_path, **kw)
 
 
 def tuning_outcomes(tracking_uri: str, study_name: str, runs: list[RunSpec]) -> dict[str, tuple[float | None, str]]:
@@ -197,6 +183,7 @@ def run_tuned_study(
     max_in_flight: int | None = None,
     wait: bool = False,
     timeline: Timeline | None = None,
+    provenance: Provenance | None = None,
 ) -> StudyResult:
     """Tuning runs, the LR choice, then the main runs (module docstring), all under one study
     lease taken here (``wait`` as in ``run_study``; the other arguments as ``run_runs`` takes
@@ -236,6 +223,7 @@ def run_tuned_study(
                 max_in_flight=max_in_flight,
                 lease=lease,
                 timeline=timeline,
+                provenance=provenance,
             )
 
         result, tuning, choices = _tune(study, untuned, tuning, stage, uri, console, timeline)
@@ -265,6 +253,7 @@ def run_gated_study(
     max_in_flight: int | None = None,
     wait: bool = False,
     timeline: Timeline | None = None,
+    provenance: Provenance | None = None,
 ) -> StudyResult:
     """The gated ladder (module docstring) under one study lease taken here (the other
     arguments as ``run_study`` takes them). ``decide``: the gate's evidence after each rung
@@ -305,6 +294,7 @@ def run_gated_study(
                 max_in_flight=max_in_flight,
                 lease=lease,
                 timeline=first,
+                provenance=provenance,
             )
             result.status.update(res.status)
             result.reasons.update(res.reasons)

@@ -2,8 +2,10 @@
 
 The job is ``python -m orchestrator.cli run SPEC`` executed on the cluster with this
 checkout as its ``working_dir`` (so the code that planned the study is the code that runs
-it), in the image the cluster's nodes run. Only the spec's *path* enters the entrypoint, quoted
-with ``shlex``; no spec field ever reaches a shell. Inside the job ``RAY_ADDRESS`` is set by
+it), in the image the cluster's nodes run. Only the spec's *path* and the command line's
+``KEY=VALUE`` overrides enter the entrypoint (``run SPEC KEY=VALUE ...``: the job merges them
+over the uploaded spec files exactly as ``submit`` did, so it trains the study ``submit``
+validated), each quoted with ``shlex``; no spec field of a file ever reaches a shell. Inside the job ``RAY_ADDRESS`` is set by
 Ray, so ``qkstudy run`` joins the cluster and schedules the runs there; resubmitting a study
 trains only the runs not finished in its MLflow store.
 
@@ -35,8 +37,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from model.plugins import load_plugin, py_modules
+from orchestrator.plan.overrides import spec_error
 from orchestrator.plan.spec import SpecError, Study, load_spec
 from orchestrator.track.lease import JOB_ID_ENV
+from orchestrator.track.provenance import SOURCE_ENV, submit_source
 from orchestrator.track.tracking import redact_uri
 
 # Never uploaded: environments, local state, VCS metadata.
@@ -182,6 +186,7 @@ def build_job(
     allow_ephemeral: bool = False,
     working_dir: str | Path | None = None,
     upload: bool = True,
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The arguments of ``JobSubmissionClient.submit_job`` for a study, without sending them.
 
@@ -192,21 +197,26 @@ def build_job(
         working_dir: folder uploaded as the job's working dir (default: the current one).
         upload: False when the cluster already has the code (its image) and reads the spec
             at the same absolute path (shared storage): nothing is uploaded.
+        overrides: ``KEY=VALUE`` overrides of the spec (``orchestrator.plan.overrides``): set
+            over it here to validate, and passed on to the job's ``run`` (and its metadata).
 
     Returns:
         {"address", "entrypoint", "runtime_env", "metadata", "study", "submission_id"}: the
         job's id is chosen here (Ray's ``raysubmit_`` form) and set in the job's environment as
-        ``QKSTUDY_RAY_JOB_ID``, so the study's lease names the job that holds it.
+        ``QKSTUDY_RAY_JOB_ID``, so the study's lease names the job that holds it. With
+        ``upload``, ``QKSTUDY_SOURCE`` in the job's environment holds the uploaded folder's git
+        commit and dirty flag and the submitting user (``track.provenance.submit_source``),
+        which the job's runs record.
 
     Raises:
-        SpecError: the spec does not validate, lies outside the working dir, or (unless
-            ``allow_ephemeral``) would keep its tracking store or checkpoints in the job's
-            temporary working dir.
+        SpecError: the spec (with its overrides) does not validate, an override is malformed,
+            the spec lies outside the working dir, or (unless ``allow_ephemeral``) would keep
+            its tracking store or checkpoints in the job's temporary working dir.
         AddressError: a bad address (see ``check_submit_address``).
     """
-    study: Study = load_spec(spec_path)
+    study: Study = load_spec(spec_path, overrides)
     if not allow_ephemeral and (lost := ephemeral_fields(study)):
-        raise SpecError(spec_path, lost)
+        raise spec_error(str(spec_path), lost, study.overrides)
     addr = check_submit_address(address, allow_insecure=allow_insecure)
     wd = Path(working_dir or os.getcwd()).resolve()
     spec_abs = Path(spec_path).resolve()
@@ -222,16 +232,19 @@ def build_job(
             runtime_env["py_modules"] = local
     else:
         rel = spec_abs
-    entrypoint = shell_join(["python", "-m", "orchestrator.cli", "run", rel.as_posix()])
+    entrypoint = shell_join(["python", "-m", "orchestrator.cli", "run", rel.as_posix(), *study.overrides])
+    overridden = {"overrides": redact_uri(shell_join(study.overrides))} if study.overrides else {}  # in the job's metadata too
     job_id = "raysubmit_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(16))
     from orchestrator.track.http_env import forwarded_http_env  # the cluster's workers retry MLflow as the driver does
 
     runtime_env["env_vars"] = {**forwarded_http_env(), **{k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}, JOB_ID_ENV: job_id}
+    if upload:  # the upload has no .git: its commit and dirty flag are read here (track.provenance)
+        runtime_env["env_vars"][SOURCE_ENV] = submit_source(wd)
     return {
         "address": addr,
         "entrypoint": entrypoint,
         "runtime_env": runtime_env,
-        "metadata": {"study": study.name, "spec": rel.as_posix()},
+        "metadata": {"study": study.name, "spec": rel.as_posix(), **overridden},
         "study": study.name,
         "submission_id": job_id,
     }
@@ -245,12 +258,19 @@ def submit(
     allow_ephemeral: bool = False,
     working_dir: str | Path | None = None,
     upload: bool = True,
+    overrides: Sequence[str] = (),
 ) -> str:
     """Submit a study as a Ray job (see ``build_job``); returns the job's submission id."""
     from ray.job_submission import JobSubmissionClient
 
     job = build_job(
-        spec_path, address, allow_insecure=allow_insecure, allow_ephemeral=allow_ephemeral, working_dir=working_dir, upload=upload
+        spec_path,
+        address,
+        allow_insecure=allow_insecure,
+        allow_ephemeral=allow_ephemeral,
+        working_dir=working_dir,
+        upload=upload,
+        overrides=overrides,
     )
     client = JobSubmissionClient(job["address"])
     # A cluster that just came up answers "No available agent" until its job agent is ready.

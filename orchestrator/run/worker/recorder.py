@@ -7,7 +7,7 @@ steps MLflow already holds (a resume recomputes the steps after its checkpoint) 
 by the ``MetricBuffer`` (``track.metric_buffer``), so no step is logged twice; it keeps
 points through a tracking-server outage of a few minutes and writes them when it answers.
 
-Beside the metrics: the run's training data as an MLflow dataset input (``log_training_data``)
+Beside the metrics: the run's training and validation data as MLflow dataset inputs (``log_data_inputs``)
 and MLflow's system metrics (``system/cpu_utilization_percentage``, ``system/system_memory_usage_megabytes``,
 disk, network, and GPU ones where ``pynvml`` finds a GPU) of rank 0's machine, sampled every
 10 s (``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``) by ``mlflow.system_metrics``'s monitor while
@@ -43,21 +43,29 @@ def _ppl(val_loss: float) -> float:
 DIGEST_CHARS = 36  # MLflow's dataset digest column (MAX_DATASET_DIGEST_SIZE)
 
 
-def log_training_data(client: MlflowClient, mlflow_run_id: str, name: str, path: str, content_hash: str) -> None:
-    """Record the prepared corpus as the run's training input (``mlflow.log_input``'s entities):
-    name = the corpus's name in the study, digest = its manifest's content hash cut to MLflow's
-    36 characters (the whole hash is in the profile and the run's ``data_hash`` param), source =
-    the prepared folder or URI (source type: ``local`` or the URI's scheme). Logging the same
-    dataset again (a resumed run) adds nothing."""
+def log_data_inputs(client: MlflowClient, mlflow_run_id: str, name: str, path: str, content_hash: str) -> None:
+    """Record the prepared corpus as the run's dataset inputs (``mlflow.log_input``'s entities):
+    its train split (context ``training``, name = the corpus's name in the study) and its val
+    split (context ``validation``, name ``<corpus>/val``: every eval and the final pass read it).
+    Digest = the manifest's content hash cut to MLflow's 36 characters (the whole hash is in
+    the profile, with the split, and in the run's ``data_hash`` param), source = the prepared
+    folder or URI (source type: ``local`` or the URI's scheme). Logging them again (a resumed
+    run) adds nothing."""
     scheme = urlsplit(path).scheme if "://" in path else ""
-    ds = Dataset(
-        name=name,
-        digest=content_hash[:DIGEST_CHARS],
-        source_type=scheme or "local",
-        source=json.dumps({"uri": path}),
-        profile=json.dumps({"content_hash": content_hash}),
-    )
-    client.log_inputs(mlflow_run_id, [DatasetInput(ds, [InputTag(MLFLOW_DATASET_CONTEXT, "training")])])
+    inputs = [
+        DatasetInput(
+            Dataset(
+                name=name if split == "train" else f"{name}/{split}",
+                digest=content_hash[:DIGEST_CHARS],
+                source_type=scheme or "local",
+                source=json.dumps({"uri": path}),
+                profile=json.dumps({"content_hash": content_hash, "split": split}),
+            ),
+            [InputTag(MLFLOW_DATASET_CONTEXT, context)],
+        )
+        for split, context in (("train", "training"), ("val", "validation"))
+    ]
+    client.log_inputs(mlflow_run_id, inputs)
 
 
 class Recorder:
@@ -109,7 +117,7 @@ class Recorder:
         if branch_point:
             self.client.set_tag(self.mlflow_run_id, "branch_point", branch_point[:5000])
         if self.data and self.data[2]:
-            log_training_data(self.client, self.mlflow_run_id, self.data[0], self.data[1], self.data[2])
+            log_data_inputs(self.client, self.mlflow_run_id, self.data[0], self.data[1], self.data[2])
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
         self.sysmon = SystemMetricsMonitor(self.mlflow_run_id, tracking_uri=self.tracking_uri, resume_logging=step > 0)

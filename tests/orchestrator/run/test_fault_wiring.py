@@ -67,7 +67,7 @@ def test_embedded_store_keeps_artifacts_in_the_study_folder(store, tmp_path):
     assert artifact_location("http://mlflow:5000") is None and artifact_location("sqlite://") is None
 
 
-def test_recorder_logs_system_metrics_and_the_training_data(store, monkeypatch):
+def test_recorder_logs_system_metrics_and_the_training_and_validation_data(store, monkeypatch):
     d, run, uri, client, exp_id = store
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
     mlflow_id = create_run(client, exp_id, run)
@@ -81,16 +81,17 @@ def test_recorder_logs_system_metrics_and_the_training_data(store, monkeypatch):
     system = {k for k in r.data.metrics if k.startswith("system/")}
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= system, system
     assert len(client.get_metric_history(mlflow_id, "system/cpu_utilization_percentage")) >= 2
-    (inp,) = r.inputs.dataset_inputs
+    inp, val = sorted(r.inputs.dataset_inputs, key=lambda i: i.dataset.name)
     assert (inp.dataset.name, inp.dataset.digest) == ("stdlib", content[:36])
+    assert (val.dataset.name, [(t.key, t.value) for t in val.tags]) == ("stdlib/val", [("mlflow.data.context", "validation")])
     assert json.loads(inp.dataset.profile)["content_hash"] == content
     assert json.loads(inp.dataset.source) == {"uri": str(d / "data")} and inp.dataset.source_type == "local"
     assert [(t.key, t.value) for t in inp.tags] == [("mlflow.data.context", "training")]
-    # a resumed run logs it again: still one input
+    # a resumed run logs them again: still the two inputs
     rec2 = Recorder(run, uri, mlflow_id, None, active=True, devices=1, data=("stdlib", str(d / "data"), content))
     rec2.start(1)
     rec2.finished(1)
-    assert len(client.get_run(mlflow_id).inputs.dataset_inputs) == 1
+    assert len(client.get_run(mlflow_id).inputs.dataset_inputs) == 2
 
 
 def test_a_stalled_step_is_recorded_with_section_and_stack_and_ends_the_process(store):

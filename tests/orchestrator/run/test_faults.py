@@ -277,11 +277,17 @@ def test_a_run_keeps_its_artifacts_system_metrics_and_dataset_input_in_the_study
     c, runs = study_runs(d, "faulty")
     r = runs[plan["base"]["run_id"]]
     assert r.info.artifact_uri.startswith((d / "runs" / "faulty" / "artifacts").as_uri())
-    assert (d / "runs/faulty/artifacts" / r.info.run_id / "artifacts/final_weights/model.pt").is_file()
+    model = c.get_logged_model(r.data.tags["qkstudy.final_model_id"])  # the final weights, beside the run's artifacts
+    assert model.source_run_id == r.info.run_id and model.artifact_location.startswith((d / "runs" / "faulty" / "artifacts").as_uri())
+    assert (Path(model.artifact_location.removeprefix("file://")) / "model.safetensors").is_file()
     assert not (d / "mlruns").exists()
     assert "system/cpu_utilization_percentage" in r.data.metrics and "system/system_memory_usage_megabytes" in r.data.metrics
-    (inp,) = r.inputs.dataset_inputs
+    inputs = {i.tags[0].value: i.dataset for i in r.inputs.dataset_inputs}  # context -> dataset
     digest = r.data.params["data_hash"]
-    assert (inp.dataset.name, inp.dataset.digest) == ("stdlib", digest[:36])
-    assert json.loads(inp.dataset.profile)["content_hash"] == digest
-    assert json.loads(inp.dataset.source)["uri"] == r.data.params["data_path"]
+    assert {c: (d.name, d.digest) for c, d in inputs.items()} == {
+        "training": ("stdlib", digest[:36]),
+        "validation": ("stdlib/val", digest[:36]),
+    }
+    assert {c: json.loads(d.profile)["split"] for c, d in inputs.items()} == {"training": "train", "validation": "val"}
+    assert all(json.loads(d.profile)["content_hash"] == digest for d in inputs.values())
+    assert json.loads(inputs["training"].source)["uri"] == r.data.params["data_path"]

@@ -15,14 +15,19 @@ from typing import Any
 
 import pytest
 import torch
+from mlflow.artifacts import download_artifacts
 from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file, save_file
 
 from data_pipeline import CorpusConfig, TokenizerConfig, prepare
 from model import GPT, ModelConfig
 from orchestrator.run.final_weights import (
     ARTIFACT_DIR,
+    CONFIG_FILE,
     DIGEST_TAG,
+    LEGACY_WEIGHTS_FILE,
     META_FILE,
+    MODEL_TAG,
     WEIGHTS_FILE,
     FinalWeightsError,
     evaluate,
@@ -94,7 +99,8 @@ def test_logged_weights_load_in_a_fresh_process_and_evaluate_to_the_known_loss(t
     digest = log_final_weights(uri, run_id, m.state_dict(), CFG, {"step": 7})
     run = MlflowClient(uri).get_run(run_id)
     assert run.data.tags[DIGEST_TAG] == digest
-    meta = json.loads(Path(MlflowClient(uri).download_artifacts(run_id, f"{ARTIFACT_DIR}/{META_FILE}", str(tmp_path))).read_text())
+    model = MlflowClient(uri).get_logged_model(run.data.tags[MODEL_TAG])
+    meta = json.loads(Path(download_artifacts(artifact_uri=f"{model.artifact_location}/{META_FILE}", dst_path=str(tmp_path))).read_text())
     assert meta["sha256"] == digest and meta["step"] == 7 and meta["dtype"] == "float32"
 
     x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -108,13 +114,48 @@ def test_logged_weights_load_in_a_fresh_process_and_evaluate_to_the_known_loss(t
     assert abs(evaluate(loaded, mqar_data.path, max_windows=5, batch_size=2) - math.log(64)) < 1e-5
 
 
+def test_final_weights_are_a_logged_model_of_the_run_in_safetensors(tmp_path, mqar_data):
+    uri, run_id = _store(tmp_path, mqar_data.path)
+    m = GPT(ModelConfig(**CFG, tied_head=True), seed=4)  # a tied head: two names, one storage
+    digest = log_final_weights(uri, run_id, m.state_dict(), {**CFG, "tied_head": True})
+    client = MlflowClient(uri)
+    model = client.get_logged_model(client.get_run(run_id).data.tags[MODEL_TAG])
+    assert model.source_run_id == run_id and model.name == ARTIFACT_DIR and str(model.status) == "READY"
+    assert model.tags[DIGEST_TAG] == digest and model.params["variant"] == "coupled"
+    folder = Path(download_artifacts(artifact_uri=model.artifact_location, dst_path=str(tmp_path / "dl")))
+    assert {WEIGHTS_FILE, CONFIG_FILE, META_FILE} <= {p.name for p in folder.iterdir()}
+    assert sha256_file(folder / WEIGHTS_FILE) == digest
+    tensors = load_file(folder / WEIGHTS_FILE)  # tensors only: no pickle, no code
+    assert set(tensors) == set(m.state_dict()) and torch.equal(tensors["lm_head.weight"], tensors["tok_emb.weight"])
+    assert client.list_artifacts(run_id) == []  # not logged twice, as run artifacts too
+    x = torch.randint(0, 64, (1, 32), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(load_run(uri, run_id).model(x)[0], m.eval()(x)[0])
+
+
+def test_a_run_logged_before_logged_models_still_loads(tmp_path, mqar_data):
+    """The legacy layout: final_weights/model.pt among the run's artifacts (torch.save)."""
+    uri, run_id = _store(tmp_path, mqar_data.path)
+    m = _uniform_model()
+    d = tmp_path / "legacy"
+    d.mkdir()
+    torch.save(m.state_dict(), d / LEGACY_WEIGHTS_FILE)
+    digest = sha256_file(d / LEGACY_WEIGHTS_FILE)
+    (d / CONFIG_FILE).write_text(json.dumps(CFG))
+    (d / META_FILE).write_text(json.dumps({"sha256": digest}))
+    client = MlflowClient(uri)
+    client.log_artifacts(run_id, str(d), ARTIFACT_DIR)
+    client.set_tag(run_id, DIGEST_TAG, digest)
+    loaded = load_run(uri, run_id)
+    assert loaded.digest == digest and abs(evaluate(loaded) - math.log(64)) < 1e-5
+
+
 def test_changed_weights_are_refused(tmp_path, mqar_data):
     uri, run_id = _store(tmp_path, mqar_data.path)
     log_final_weights(uri, run_id, _uniform_model().state_dict(), CFG)
     (weights,) = (tmp_path / "artifacts").rglob(WEIGHTS_FILE)
-    sd = torch.load(weights, weights_only=True)
+    sd = load_file(weights)
     sd["ln_f.weight"] += 1.0  # someone with write access to the artifact store
-    torch.save(sd, weights)
+    save_file(sd, weights)
     meta_file = weights.parent / META_FILE
     meta = json.loads(meta_file.read_text())
     meta["sha256"] = sha256_file(weights)  # and who also rewrote the digest beside it

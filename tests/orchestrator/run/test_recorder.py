@@ -1,5 +1,6 @@
 """The worker's rank-0 recorder (real MLflow in SQLite) and the fault-injection step hook."""
 
+import json
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.worker.recorder import Recorder
+from orchestrator.run.worker.recorder import Recorder, log_data_inputs
 from orchestrator.run.worker.stall import KILL_AT_STEP_ENV, kill_hook_from_env
 from orchestrator.track.tracking import create_run, ensure_experiment
 
@@ -164,3 +165,14 @@ def test_time_split_is_written_once_even_when_a_retry_finds_its_step_logged(stor
     assert _history(client, mlflow_id, "train/loss") == [(3 * tps, 2.0)]
     assert _history(client, mlflow_id, "time/elapsed_s") == [(3 * tps, 9.0)]
     assert _history(client, mlflow_id, "time/step_s") == [(3 * tps, 6.0)]
+
+
+def test_the_train_and_val_splits_are_the_runs_dataset_inputs_once(db):
+    run, uri, client, exp = db
+    mlflow_run = client.create_run(exp).info.run_id
+    for _ in range(2):  # a resumed run logs them again: nothing is added
+        log_data_inputs(client, mlflow_run, "stdlib", "/cache/data/abc", "f" * 64)
+    inputs = client.get_run(mlflow_run).inputs.dataset_inputs
+    got = sorted((i.tags[0].value, i.dataset.name, json.loads(i.dataset.profile)["split"]) for i in inputs)
+    assert got == [("training", "stdlib", "train"), ("validation", "stdlib/val", "val")]
+    assert {i.dataset.digest for i in inputs} == {"f" * 36} and {i.dataset.source_type for i in inputs} == {"local"}
