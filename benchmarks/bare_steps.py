@@ -66,7 +66,7 @@ def run_stack(study: dict[str, Any], root: Path) -> tuple[float, float, str, Run
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name(study["name"])
     found = c.search_runs([exp.experiment_id], f"tags.`{KIND_TAG}` = '{KIND_TRAIN}'") if exp else []
-    if len(found) != 1 or found[0].data.tags.get("status") != "finished":
+    if len(found) != 1 or found[0].data.tags.get("qkstudy.status") != "finished":
         raise RuntimeError(f"steps benchmark: run of {study['name']} did not finish in {uri}")
     r = found[0]
     logged = [m.value for m in c.get_metric_history(r.info.run_id, "throughput/tokens_per_s")][1:]

@@ -11,6 +11,9 @@ A command imports what it needs when it runs, nothing at module level: ``qkstudy
 should answer at once, and torch, MLflow, Ray and pandas each take a second or several to
 import (``python -m benchmarks.cli_latency`` measures the commands; ``test_cli_imports``
 checks which heavy modules the light ones load).
+
+The cluster job commands (``submit``, ``logs``, ``stop``) live in ``cli_cluster.py``, ``eval`` and
+``sample`` in ``cli_weights.py``; both are registered here.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +32,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from orchestrator.cli_cluster import OVERRIDES_HELP, jobs_dashboard
+from orchestrator.cli_cluster import register as register_cluster_commands
 from orchestrator.cli_errors import EXIT_FAILED, EXIT_INPUT, err, input_errors, print_error
 from orchestrator.cli_weights import register as register_weight_commands
 from orchestrator.track.http_env import apply_http_env
@@ -79,10 +87,6 @@ def _load(spec: Path, overrides: list[str] | None = None):
     return load_spec(spec, overrides or ())
 
 
-# Dotted overrides after SPEC (`validate`, `plan`, `run`, `submit`): set over the spec before it validates.
-_OVERRIDES_HELP = "Overrides of the spec's fields, KEY=VALUE with YAML values, e.g. budget.tokens_per_param=10 seeds=[0,1,2]."
-
-
 def _spec_error(spec: Path, problems: list[tuple[str, str]], s):
     """The SpecError of problems found after loading, naming the override that set a bad field."""
     from orchestrator.plan.overrides import spec_error
@@ -108,7 +112,7 @@ def _study_uri(study: str, tracking_uri: str | None) -> tuple[str, str]:
 @input_errors
 def validate(
     spec: Path = typer.Argument(..., help="Study spec (YAML)."),
-    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+    overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP, show_default=False),
 ) -> None:
     """Validate a spec; print every error with its file and field path (exit code 2)."""
     from orchestrator.plan.inputs import fit_problems
@@ -147,7 +151,7 @@ def plan_cmd(
         None, "--seed-sd", min=0, help="Declared std of an arm's final loss across seeds (nats): print the smallest gap the study detects."
     ),
     gap: float | None = typer.Option(None, "--gap", min=0, help="With --seed-sd: also print the seeds needed to detect this gap (nats)."),
-    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+    overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP, show_default=False),
 ) -> None:
     """Print the compute-matched runs of a study before anything runs."""
     from orchestrator.cli_files import write_run_files
@@ -218,7 +222,7 @@ def run(
     address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show worker logs."),
     wait: bool = typer.Option(False, "--wait", help="If another driver runs this study, wait for it to end, then train what is left."),
-    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+    overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP, show_default=False),
 ) -> None:
     """Run a study: train every planned run not already finished in MLflow."""
     from orchestrator.plan.inputs import FitError
@@ -327,17 +331,19 @@ def report(
             err.print(f"[yellow]warning[/]: {escape(line)}")
         expected = [{"variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend, "corpus": r.corpus_name} for r in planned]
     target = out_dir or default_workdir(name) / "report"
-    summary = build_report(
-        name,
-        uri,
-        target,
-        reference=ref or "standard",
-        target=target_variant,
-        log_to_mlflow=not no_log,
-        expected=expected,
-        corpus=corpus,
-        contrasts=pairs,
-    )
+    with _progress_line() as progress:
+        summary = build_report(
+            name,
+            uri,
+            target,
+            reference=ref or "standard",
+            target=target_variant,
+            log_to_mlflow=not no_log,
+            expected=expected,
+            corpus=corpus,
+            contrasts=pairs,
+            progress=progress,
+        )
     if as_json:
         print(json.dumps(summary["scales"], indent=2))
     else:
@@ -345,6 +351,18 @@ def report(
         if md.exists():
             print(md.read_text())
         err.print(f"report written to {Path(target).resolve()}")  # last, so it stays on screen
+
+
+@contextmanager
+def _progress_line() -> Iterator[Callable[[str], None]]:
+    """A callable told each step of a long command: a spinner showing the current step on a
+    terminal, one stderr line per step (with seconds since the start) in a log."""
+    t0 = time.monotonic()
+    if err.is_terminal:
+        with err.status("starting") as spinner:
+            yield lambda step: spinner.update(escape(step))
+    else:
+        yield lambda step: err.print(f"[{time.monotonic() - t0:5.1f} s] {escape(step)}", highlight=False)
 
 
 def _contrast_pair(text: str) -> tuple[str, str]:
@@ -361,41 +379,15 @@ def export(
     study: str = typer.Argument(..., help="Study name or spec path."),
     out_file: Path = typer.Option(..., "--out", help="Parquet file to write."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    tuning: bool = typer.Option(False, "--tuning", help="Include the LR-tuning runs (column kind: tune)."),
 ) -> None:
-    """Export a study's runs and metric histories from MLflow as one tidy Parquet table."""
+    """Export a study's runs and metric histories from MLflow as one tidy Parquet table (a row
+    per run, metric and point; ``tokens``: the tokens seen at the point)."""
     from orchestrator.report import export_study
 
     name, uri = _study_uri(study, tracking_uri)
-    export_study(name, uri, out_file)
+    export_study(name, uri, out_file, tuning=tuning)
     err.print(f"wrote {out_file}")
-
-
-@app.command()
-@input_errors
-def submit(
-    spec: Path = typer.Argument(..., help="Study spec (YAML), inside the current folder."),
-    address: str = typer.Option(..., help="Ray dashboard URL, e.g. https://HEAD:8265."),
-    allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host."),
-    allow_ephemeral: bool = typer.Option(
-        False,
-        "--allow-ephemeral",
-        help="Submit a spec whose tracking_uri / storage_path default to the job's temporary working dir (lost when it ends).",
-    ),
-    no_upload: bool = typer.Option(
-        False,
-        "--no-upload",
-        help="Upload nothing: the cluster has this code (its image) and reads SPEC at the same absolute path (shared storage).",
-    ),
-    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP + " The job runs with the same ones.", show_default=False),
-) -> None:
-    """Send a study to a Ray cluster through the Job Submission API; print the job id."""
-    from orchestrator.run.driver.submit import submit as submit_job
-
-    print(
-        submit_job(
-            spec, address, allow_insecure=allow_insecure, allow_ephemeral=allow_ephemeral, upload=not no_upload, overrides=overrides or []
-        )
-    )
 
 
 @app.command()
@@ -403,18 +395,24 @@ def submit(
 def status(
     study: str = typer.Argument(..., help="Study name or spec path."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
-    address: str | None = typer.Option(None, help="Ray dashboard URL: also list the study's Ray jobs."),
+    address: str | None = typer.Option(
+        None,
+        callback=jobs_dashboard,
+        help="Ray dashboard URL: also list the study's Ray jobs (default: RAY_API_SERVER_ADDRESS, else RAY_ADDRESS).",
+    ),
     allow_insecure: bool = typer.Option(False, "--allow-insecure"),
     as_json: bool = typer.Option(False, "--json"),
+    tuning: bool = typer.Option(True, "--tuning/--no-tuning", help="Also list the study's LR-tuning runs."),
 ) -> None:
     """Each run's state from MLflow (and the study's Ray jobs with --address)."""
     from orchestrator.cli_tables import status_table
-    from orchestrator.track.status import study_lease_line, study_status
+    from orchestrator.track.status import study_lease_line, study_status, tuning_status
 
     name, uri = _study_uri(study, tracking_uri)
     planned = _load(Path(study)) if Path(study).is_file() else None
     notes: list[str] = []
     rows = study_status(name, uri, planned, warn=notes.append)
+    tune_rows = tuning_status(name, uri, planned) if tuning else []
     for line in notes:
         err.print(f"[yellow]warning[/]: {escape(line)}")
     jobs = []
@@ -425,29 +423,20 @@ def status(
     if as_json:
         print(
             json.dumps(
-                {"runs": rows, "jobs": jobs, "study_lease": study_lease_line(name, planned), "data_notes": notes}, indent=2, default=str
+                {"runs": rows, "tuning": tune_rows, "jobs": jobs, "study_lease": study_lease_line(name, planned), "data_notes": notes},
+                indent=2,
+                default=str,
             )
         )
         return
     out.print(status_table(name, uri, rows, study_lease_line(name, planned)))
+    if tune_rows:
+        out.print(status_table(name, uri, tune_rows, title=f"{name}: {len(tune_rows)} LR-tuning runs"))
     for j in jobs:
         out.print(f"ray job {j['job_id']}: {j['status']} {j['message'] or ''}")
 
 
-@app.command()
-@input_errors
-def logs(
-    job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy submit`."),
-    address: str = typer.Option(..., help="Ray dashboard URL."),
-    follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep printing until the job ends."),
-    allow_insecure: bool = typer.Option(False, "--allow-insecure"),
-) -> None:
-    """Print (and follow) a submitted job's logs."""
-    from orchestrator.run.driver.submit import follow_logs
-
-    for chunk in follow_logs(address, job_id, follow=follow, allow_insecure=allow_insecure):
-        sys.stdout.write(chunk)
-        sys.stdout.flush()
+register_cluster_commands(app, input_errors)
 
 
 @data_app.command("prepare")

@@ -96,22 +96,27 @@ def calibration_table(study: Any, table: ThroughputTable) -> Table:
     return t
 
 
-def status_table(name: str, uri: str, rows: list[dict[str, Any]], lease: str = "") -> Table:
-    """``study_status`` rows, under a title naming the (redacted) tracking URI and ``lease``
-    (``study_lease_line``); a run's lease holder is in its ``lease`` column."""
+def status_table(name: str, uri: str, rows: list[dict[str, Any]], lease: str = "", title: str | None = None) -> Table:
+    """``study_status`` rows (or ``tuning_status``'s, which add ``lr``), under ``title`` or one
+    naming the (redacted) tracking URI and ``lease`` (``study_lease_line``); a run's lease
+    holder is in its ``lease`` column, ``val ppl`` is the latest eval's, ``final ppl`` the
+    final pass's over the whole val split."""
     from orchestrator.track.tracking import redact_uri
 
-    t = Table(title=f"{name}: {len(rows)} runs ({redact_uri(uri)})" + (f"\n{lease}" if lease else ""))
-    for c in ("run", "run_id", "status", "tokens", "planned", "val ppl", "lease", "note"):
+    t = Table(title=title or f"{name}: {len(rows)} runs ({redact_uri(uri)})" + (f"\n{lease}" if lease else ""))
+    with_lr = any("lr" in r for r in rows)
+    for c in ("run", "run_id", "status", *(["lr"] if with_lr else []), "tokens", "planned", "val ppl", "final ppl", "lease", "note"):
         t.add_column(c)
     for r in rows:
         t.add_row(
             r["run_name"],
             r["run_id"],
             r["status"],
+            *([r.get("lr") or "-"] if with_lr else []),
             f"{r['tokens']:,}" if r["tokens"] is not None else "-",
             f"{r['planned_tokens']:,}" if r["planned_tokens"] else "-",
             f"{r['val_ppl']:.2f}" if r["val_ppl"] is not None else "-",
+            f"{r['final_ppl']:.2f}" if r.get("final_ppl") is not None else "-",
             r.get("lease", ""),
             r["note"],
         )

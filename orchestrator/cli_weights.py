@@ -71,6 +71,7 @@ def eval_cmd(
     """Load a finished run's final weights and evaluate them: mean val loss over a corpus's fixed windows."""
     from data_pipeline import TokenLoader
     from orchestrator.run.final_weights import evaluate
+    from orchestrator.track.tracking import run_tag
 
     path = str(corpus) if corpus else None
     record, loaded = _load(study, run, tracking_uri)
@@ -79,7 +80,7 @@ def eval_cmd(
     windows = len(TokenLoader(data, "val", loaded.seq_len, 1, 0).eval_windows(max_windows))
     out = {
         "run": record.info.run_name,
-        "run_id": record.data.tags.get("run_id"),
+        "run_id": run_tag(record.data.tags, "run_id"),
         "mlflow_run_id": record.info.run_id,
         "corpus": data,
         "windows": windows,

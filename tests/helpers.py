@@ -121,7 +121,7 @@ def study_runs(d: Path, study: str) -> tuple[MlflowClient, dict[str, object]]:
 def train_runs(client: MlflowClient, study: str, kind: str = "train") -> dict[str, object]:
     """run_id tag -> MLflow run of ``study``'s runs of ``kind`` (train, tune, report, superseded)."""
     exp = client.get_experiment_by_name(study)
-    return {r.data.tags["run_id"]: r for r in client.search_runs([exp.experiment_id], f"tags.`qkstudy.kind` = '{kind}'")}
+    return {r.data.tags["qkstudy.run_id"]: r for r in client.search_runs([exp.experiment_id], f"tags.`qkstudy.kind` = '{kind}'")}
 
 
 def steps(client: MlflowClient, mlflow_id: str, key: str = "train/loss") -> list[int]:

@@ -40,6 +40,7 @@ from orchestrator.plan.specfile import (
     validation_problems,
 )
 from orchestrator.plan.tracking_uri import tracking_uri_problem
+from orchestrator.plan.uri_secrets import credentials_problem
 from orchestrator.plan.tuning import TuneSpec
 
 __all__ = [
@@ -354,7 +355,15 @@ class Study(_Strict):
     @field_validator("tracking_uri")
     @classmethod
     def _tracking_uri_ok(cls, v: str | None) -> str | None:
-        problem = None if v is None else tracking_uri_problem(v)
+        problem = None if v is None else tracking_uri_problem(v) or credentials_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("storage_path")
+    @classmethod
+    def _storage_path_ok(cls, v: str | None) -> str | None:
+        problem = None if v is None else credentials_problem(v)
         if problem:
             raise ValueError(problem)
         return v

@@ -3,8 +3,8 @@
 analyse() computes every number from the study's runs (curves.py, ratio.py, verdict.py,
 scaling.py; gaps.py says what the store lacks); build_report writes them. The whole output
 folder is built in a temporary sibling folder and swapped in at the end (output.py), so a
-reader never sees half a report. The same files are then logged as artifacts of a run
-tagged qkstudy.kind=report in the study's experiment (query.py skips such runs).
+reader never sees half a report. The same files are then logged as artifacts of the study's one
+report run (report_run.py: kind report, updated by each call; query.py skips such runs).
 """
 
 from __future__ import annotations
@@ -30,15 +30,21 @@ from orchestrator.report.output import GENERATOR, check_out_dir, jsonable, swap_
 from orchestrator.report.paired_curve import paired_curves
 from orchestrator.report.query import StudyData, query_study
 from orchestrator.report.ratio import token_ratio
+from orchestrator.report.report_run import log_report, report_run
 from orchestrator.report.scaling import scaling_analysis
 from orchestrator.report.tuning import tuning_tables
 from orchestrator.report.verdict import holm, paired_differences
-from orchestrator.track.tracking import KIND_REPORT, KIND_TAG, redact_uri
+from orchestrator.track.tracking import client_for, redact_uri
 
 DIAGNOSTICS = ("attn/effective_rank", "attn/entropy", "attn/spectral_gap")
 DEFAULT_TARGET = "coupled"  # build_report's default target; only it falls back when absent
 
 Figures = Callable[[Path], list[Path]]
+Progress = Callable[[str], None]  # told what the report is doing now (the CLI shows it)
+
+
+def _quiet(_: str) -> None:
+    pass
 
 
 def build_report(
@@ -54,6 +60,7 @@ def build_report(
     seed: int = 0,
     corpus: str | None = None,
     contrasts: Iterable[tuple[str, str]] | None = None,
+    progress: Progress = _quiet,
 ) -> dict:
     """Write the study's report into out_dir and return its JSON-able summary.
 
@@ -79,27 +86,41 @@ def build_report(
     "time_split" the study's worker seconds in and outside optimizer steps (time_split.py);
     "startup" (when runs logged one) the median seconds to each run's first optimizer step (startup.py);
     "code" the commit(s) the runs came from, with dirty flags and run counts (provenance.py).
+    With ``log_to_mlflow`` the report is the artifacts of the study's one report run
+    (report_run.py: found again and updated, not one new run per call); a per-corpus report
+    logs the whole folder, index and corpora, into it. ``progress`` is told each step
+    (querying, analysing a corpus, drawing, writing, logging) as it starts.
     Raises ReportError when the experiment is missing, has no training runs, no run carries
     the variant and scale tags, the reference variant has no run, target names no variant
     of the study, or out_dir exists and is a file or a non-empty folder that is not a
     previous qkstudy report (it is never touched).
     """
     check_out_dir(Path(out_dir))
+    progress(f"querying MLflow for study {study}")
     data = query_study(study, tracking_uri)
     corpora = sorted(str(c) for c in data.runs["corpus"].dropna().unique())
     kw: dict[str, Any] = dict(
         reference=reference, target=target, expected=expected, n_boot=n_boot, seed=seed, contrasts=list(contrasts) if contrasts else None
     )
     if corpus is None and len(corpora) > 1:
-        return _build_per_corpus(study, tracking_uri, Path(out_dir), corpora, log_to_mlflow=log_to_mlflow, **kw)
+        return _build_per_corpus(study, tracking_uri, Path(out_dir), corpora, log_to_mlflow=log_to_mlflow, progress=progress, **kw)
     if corpus is not None:
         if corpus not in corpora:
             raise ReportError(f"study {study!r} has no runs on corpus {corpus!r}; corpora: {corpora}")
         data = _only_corpus(data, corpus)
         kw["expected"] = [e for e in expected if e.get("corpus", corpus) == corpus] if expected is not None else None
+    progress(f"analysing {study}" + (f" on {corpus}" if corpus else "") + f": {len(data.runs)} runs")
     summary, tabs, figures = analyse(data, **kw)
+    _attach_study_sections(summary, tabs, data, corpus, corpus or (corpora[0] if len(corpora) == 1 else None))
+    run_name = f"report-{study}" + (f"-{corpus}" if corpus else "")
+    return _write(summary, tabs, figures, Path(out_dir), data, run_name if log_to_mlflow else None, progress)
+
+
+def _attach_study_sections(summary: dict, tabs: dict, data: StudyData, corpus: str | None, unigram_corpus: str | None) -> None:
+    """Add what the store holds beside the curves: LR tuning, the unigram bar, the gate's
+    stopped arms, the time split, startup, the code the runs came from, and the corpus name."""
     tabs.update(tuning_tables(data.tracking_uri, data.experiment_id))
-    unigram.attach(summary, tabs, data.tracking_uri, data.experiment_id, corpus or (corpora[0] if len(corpora) == 1 else None))
+    unigram.attach(summary, tabs, data.tracking_uri, data.experiment_id, unigram_corpus)
     gate.attach(summary, tabs, data.tracking_uri, data.experiment_id, corpus)  # arms a gated ladder stopped
     time_split.attach(summary, tabs, data.runs, data.metrics)
     startup.attach(summary, tabs, data.runs, data.metrics)
@@ -108,28 +129,29 @@ def build_report(
         summary["corpus"] = corpus
         for s_ in summary["scales"]:
             s_["corpus"] = corpus
-    run_name = f"report-{study}" + (f"-{corpus}" if corpus else "")
-    return _write(summary, tabs, figures, Path(out_dir), data, run_name if log_to_mlflow else None)
 
 
-def _write(summary: dict, tabs: dict[str, pd.DataFrame], figures: Figures, out: Path, data: StudyData, run_name: str | None) -> dict:
-    """Render into a temporary sibling folder, swap it in, log it to MLflow (run_name not None)."""
+def _write(
+    summary: dict, tabs: dict[str, pd.DataFrame], figures: Figures, out: Path, data: StudyData, run_name: str | None, progress: Progress
+) -> dict:
+    """Render into a temporary sibling folder, swap it in, log it to the study's report run
+    (``report_run``; run_name not None)."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     except OSError as err:
         raise ReportError(f"cannot write report folder {out}: {err}") from err
     client = run_id = None
+    created = False
     try:
         if run_name is not None:
-            from mlflow import MlflowClient
-            from mlflow.exceptions import MlflowException
-
-            client = MlflowClient(data.tracking_uri)
-            run = client.create_run(data.experiment_id, run_name=run_name, tags={KIND_TAG: KIND_REPORT, "study": data.study})
-            run_id = summary["mlflow_report_run"] = run.info.run_id
+            client = client_for(data.tracking_uri)
+            run_id, created = report_run(client, data.experiment_id, run_name, data.study)
+            summary["mlflow_report_run"] = run_id
+        progress(f"drawing figures of {out.name}")
         summary["figures"] = [p.name for p in figures(tmp)]
         summary["gaps"] += gaps.figure_gaps(summary["figures"])
+        progress(f"writing {out.name}: tables, markdown, HTML")
         for name, df in tabs.items():
             df.to_csv(tmp / f"{name}.csv", index=False)
         summary["tables"] = [f"{n}.csv" for n in tabs]
@@ -141,20 +163,12 @@ def _write(summary: dict, tabs: dict[str, pd.DataFrame], figures: Figures, out: 
         swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        if client is not None and run_id is not None:
+        if client is not None and run_id is not None and created:  # an existing run keeps the last good report
             client.set_terminated(run_id, status="FAILED")
         raise
     if client is not None and run_id is not None:
-        try:
-            client.log_artifacts(run_id, str(out))
-        except (MlflowException, OSError) as err:  # an artifact store this process cannot write: the report stands, its run failed
-            client.set_terminated(run_id, status="FAILED")
-            where = client.get_run(run_id).info.artifact_uri
-            raise ReportError(
-                f"report written to {out}, but its MLflow run {run_id} could not store it at {where} "
-                f"({type(err).__name__}: {err}); the run is marked FAILED (--no-log skips logging)"
-            ) from None
-        client.set_terminated(run_id, status="FINISHED")
+        progress("logging the report to MLflow")
+        log_report(client, run_id, out)
     return summary
 
 
@@ -163,14 +177,17 @@ def _only_corpus(data: StudyData, corpus: str) -> StudyData:
     return dataclasses.replace(data, runs=runs, metrics=data.metrics[data.metrics["run_uuid"].isin(runs["run_uuid"])])
 
 
-def _build_per_corpus(study: str, tracking_uri: str, out: Path, corpora: list[str], **kw) -> dict:
-    """One report per corpus under out/<corpus>/ and an index report.md + summary.json."""
+def _build_per_corpus(
+    study: str, tracking_uri: str, out: Path, corpora: list[str], *, log_to_mlflow: bool, progress: Progress, **kw
+) -> dict:
+    """One report per corpus under out/<corpus>/ and an index report.md + summary.json; with
+    ``log_to_mlflow`` the whole folder is the artifacts of the study's one report run."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ReportError(f"cannot write report folder {out}: {err}") from err
     os.chmod(out, 0o755)
-    parts = {c: build_report(study, tracking_uri, out / c, corpus=c, **kw) for c in corpora}
+    parts = {c: build_report(study, tracking_uri, out / c, corpus=c, log_to_mlflow=False, progress=progress, **kw) for c in corpora}
     summary = {
         "generator": GENERATOR,
         "study": study,
@@ -179,8 +196,18 @@ def _build_per_corpus(study: str, tracking_uri: str, out: Path, corpora: list[st
         "reports": {c: f"{c}/report.md" for c in corpora},
         "code": provenance.merge_codes([parts[c]["code"] for c in corpora]),
     }
+    client = run_id = None
+    if log_to_mlflow:
+        client = client_for(tracking_uri)
+        exp = client.get_experiment_by_name(study)
+        assert exp is not None  # the corpus reports above read its runs
+        run_id, _ = report_run(client, exp.experiment_id, f"report-{study}", study)
+        summary["mlflow_report_run"] = run_id
     write_file(out / "report.md", render.corpus_index(summary))
     write_file(out / "summary.json", json.dumps(jsonable(summary), indent=2))
+    if client is not None and run_id is not None:
+        progress("logging the report to MLflow")
+        log_report(client, run_id, out)
     return summary
 
 

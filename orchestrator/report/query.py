@@ -25,11 +25,12 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
+from orchestrator.plan.tuning import KIND as KIND_TUNE
 from orchestrator.report.errors import ReportError
-from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, sqlite_path
+from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, RUN_TAGS, TAG_NAMESPACE, sqlite_path
 
 # Tags and params promoted to typed columns of the run table; the rest keep a prefix.
-RUN_TAGS = ("study", "run_id", "variant", "scale", "seed", "corpus", "extend", "status", "failure_reason")
+COLUMN_TAGS = ("study", "run_id", "variant", "scale", "seed", "corpus", "extend", "status", "failure_reason")
 NUMERIC_PARAMS = ("n_params", "n_params_total", "flops_per_token", "planned_tokens", "seq_len", "global_batch")
 _SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mssql")
 # MLflow's own tags are dropped from the run table but these (the run's code, track.provenance)
@@ -41,7 +42,7 @@ class StudyData:
     """A study's runs and metric points.
 
     runs: one row per MLflow run; columns run_uuid, run_name, mlflow_status, start_time,
-        end_time (ms since epoch), the RUN_TAGS (seed as Int64, extend as float), kind,
+        end_time (ms since epoch), the COLUMN_TAGS (seed as Int64, extend as float), kind,
         the NUMERIC_PARAMS as float, and `params.<name>` / `tags.<name>` for the rest.
     metrics: one row per (run_uuid, key, step); columns run_uuid, key, step (int, tokens
         seen), value (float, NaN where MLflow stored NaN), timestamp (ms).
@@ -64,15 +65,16 @@ def is_sql_uri(tracking_uri: str) -> bool:
     return scheme in _SQL_SCHEMES
 
 
-def query_study(study: str, tracking_uri: str, *, with_metrics: bool = True) -> StudyData:
-    """Read the study's training runs (and, by default, all their metric histories).
+def query_study(study: str, tracking_uri: str, *, with_metrics: bool = True, kinds: tuple[str, ...] = (KIND_TRAIN,)) -> StudyData:
+    """Read the study's training runs (and, by default, all their metric histories); ``kinds``
+    adds other run kinds (``tune``: the LR-tuning runs), told apart by the ``kind`` column.
 
     Raises ReportError when the store or the experiment does not exist or has no training runs.
     """
     if is_sql_uri(tracking_uri):
-        data = _query_sql(study, tracking_uri, with_metrics)
+        data = _query_sql(study, tracking_uri, with_metrics, kinds)
     else:
-        data = _query_client(study, tracking_uri, with_metrics)
+        data = _query_client(study, tracking_uri, with_metrics, kinds)
     if data.runs.empty:
         raise _no_runs(study, tracking_uri)
     return data
@@ -82,17 +84,20 @@ def _no_runs(study: str, tracking_uri: str) -> ReportError:
     return ReportError(f"study {study!r} has no training runs (its experiment exists in {tracking_uri})")
 
 
-def load_study(study: str, tracking_uri: str) -> pd.DataFrame:
+def load_study(study: str, tracking_uri: str, *, tuning: bool = False) -> pd.DataFrame:
     """The study as one tidy table: a row per (run, metric, step) plus the run's columns.
 
     Columns: see StudyData.runs and StudyData.metrics (metric columns key, step, value,
-    timestamp are NA on the single row of a run that logged no metric).
+    timestamp are NA on the single row of a run that logged no metric), and ``tokens``: the
+    tokens seen at the point (the step, by the convention step = tokens; Int64). ``tuning``
+    adds the LR-tuning runs (``kind`` tune; training runs are ``kind`` train).
     Raises ReportError when the study's experiment does not exist or has no runs.
     """
-    return query_study(study, tracking_uri).tidy()
+    tidy = query_study(study, tracking_uri, kinds=(KIND_TRAIN, KIND_TUNE) if tuning else (KIND_TRAIN,)).tidy()
+    return tidy.assign(tokens=tidy["step"].astype("Int64"))
 
 
-def export_study(study: str, tracking_uri: str, out_file: str | os.PathLike) -> Path:
+def export_study(study: str, tracking_uri: str, out_file: str | os.PathLike, *, tuning: bool = False) -> Path:
     """Write load_study's table to a Parquet file atomically (temp file, then rename).
 
     Returns the written path (mode 0644). Raises ReportError like load_study, when out_file
@@ -101,7 +106,7 @@ def export_study(study: str, tracking_uri: str, out_file: str | os.PathLike) -> 
     out = Path(out_file)
     if out.suffix.lower() != ".parquet":
         raise ReportError(f"export file {out} must end in .parquet (the export is a Parquet table)")
-    table = load_study(study, tracking_uri)
+    table = load_study(study, tracking_uri, tuning=tuning)
     tmp = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +185,7 @@ def _read_tables_sqlalchemy(tracking_uri: str, study: str, names: list[str]) -> 
         engine.dispose()
 
 
-def _query_sql(study: str, tracking_uri: str, with_metrics: bool) -> StudyData:
+def _query_sql(study: str, tracking_uri: str, with_metrics: bool, kinds: tuple[str, ...] = (KIND_TRAIN,)) -> StudyData:
     names = ["runs", "tags", "params"] + (["metrics"] if with_metrics else [])
     path = _sqlite_path(tracking_uri)
     try:
@@ -196,7 +201,7 @@ def _query_sql(study: str, tracking_uri: str, with_metrics: bool) -> StudyData:
         raise ReportError(f"study {study!r}: no MLflow experiment of that name in {tracking_uri}")
     if t["runs"].empty:  # empty result columns come back untyped (int64), which shaping cannot use
         raise _no_runs(study, tracking_uri)
-    run_table = _run_table(t["runs"], t["tags"], t["params"])
+    run_table = _run_table(t["runs"], t["tags"], t["params"], kinds)
     metrics = t.get("metrics")
     if metrics is None:
         metrics = _empty_metrics()
@@ -209,7 +214,7 @@ def _query_sql(study: str, tracking_uri: str, with_metrics: bool) -> StudyData:
 # --- client path (http MLflow server, file store) -------------------------------------------
 
 
-def _query_client(study: str, tracking_uri: str, with_metrics: bool) -> StudyData:
+def _query_client(study: str, tracking_uri: str, with_metrics: bool, kinds: tuple[str, ...] = (KIND_TRAIN,)) -> StudyData:
     from mlflow import MlflowClient
     from mlflow.entities import ViewType
     from mlflow.exceptions import MlflowException
@@ -235,7 +240,7 @@ def _query_client(study: str, tracking_uri: str, with_metrics: bool) -> StudyDat
     )
     tags = pd.DataFrame([(r.info.run_id, k, v) for r in found for k, v in r.data.tags.items()], columns=["run_uuid", "key", "value"])
     params = pd.DataFrame([(r.info.run_id, k, v) for r in found for k, v in r.data.params.items()], columns=["run_uuid", "key", "value"])
-    run_table = _run_table(runs, tags, params)
+    run_table = _run_table(runs, tags, params, kinds)
     if not with_metrics:
         return StudyData(study, tracking_uri, exp.experiment_id, run_table, _empty_metrics())
     keep = set(run_table["run_uuid"])
@@ -317,17 +322,18 @@ def _empty_metrics() -> pd.DataFrame:
     )
 
 
-def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame) -> pd.DataFrame:
-    """Pivot tags and params onto the run rows, type the known ones, drop non-training runs."""
-    runs = runs.copy()
+def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame, kinds: tuple[str, ...] = (KIND_TRAIN,)) -> pd.DataFrame:
+    """Pivot tags and params onto the run rows, type the known ones, keep the runs of ``kinds``
+    (a run without a kind tag is a training run of an early version)."""
+    runs, tags = runs.copy(), _bare_names(tags)
     t = tags.pivot(index="run_uuid", columns="key", values="value") if not tags.empty else pd.DataFrame()
     p = params.pivot(index="run_uuid", columns="key", values="value") if not params.empty else pd.DataFrame()
     runs = runs.set_index("run_uuid")
-    for name in RUN_TAGS:
+    for name in COLUMN_TAGS:
         runs[name] = t[name].reindex(runs.index) if name in t.columns else None
     runs["kind"] = t[KIND_TAG].reindex(runs.index) if KIND_TAG in t.columns else None
     for name in t.columns:
-        if name not in RUN_TAGS and name != KIND_TAG and (not name.startswith("mlflow.") or name in KEPT_MLFLOW_TAGS):
+        if name not in COLUMN_TAGS and name != KIND_TAG and (not name.startswith("mlflow.") or name in KEPT_MLFLOW_TAGS):
             runs[f"tags.{name}"] = t[name].reindex(runs.index)
     for name in NUMERIC_PARAMS:
         col = p[name].reindex(runs.index) if name in p.columns else pd.Series(np.nan, index=runs.index)
@@ -336,13 +342,26 @@ def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame) -> 
         if name not in NUMERIC_PARAMS:
             runs[f"params.{name}"] = p[name].reindex(runs.index)
     runs = runs.reset_index()
-    # The report's own run and any other non-training kind are not data.
-    runs = runs[runs["kind"].isna() | (runs["kind"] == KIND_TRAIN)].copy()
+    # The report's own run and any kind not asked for are not data.
+    runs["kind"] = runs["kind"].fillna(KIND_TRAIN)
+    runs = runs[runs["kind"].isin(kinds)].copy()
     runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce").astype("Int64")
     runs["extend"] = pd.to_numeric(runs["extend"], errors="coerce").fillna(1.0).astype(float)
     runs["status"] = runs["status"].fillna(runs["mlflow_status"].str.lower())
     runs["run_name"] = runs["run_name"].fillna("")
     return runs.sort_values(["scale", "variant", "extend", "seed", "run_name"], na_position="last").reset_index(drop=True)
+
+
+def _bare_names(tags: pd.DataFrame) -> pd.DataFrame:
+    """Rows (run_uuid, key, value) with every qkstudy run tag under its bare name, as
+    ``tracking.run_tags`` gives one run's: the namespaced value wins over a bare one of an
+    older store."""
+    if tags.empty:
+        return tags
+    n = len(TAG_NAMESPACE)
+    namespaced = tags["key"].str.startswith(TAG_NAMESPACE) & tags["key"].str[n:].isin(RUN_TAGS)
+    out = tags.assign(key=tags["key"].where(~namespaced, tags["key"].str[n:]), _namespaced=namespaced)
+    return out.sort_values("_namespaced", kind="stable").drop_duplicates(["run_uuid", "key"], keep="last").drop(columns="_namespaced")
 
 
 def _clean_metrics(metrics: pd.DataFrame, run_table: pd.DataFrame) -> pd.DataFrame:

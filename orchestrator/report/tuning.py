@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.plan.tuning import KIND, ArmKey, LrChoice, TuningResult, arm_key, choose_lr
-from orchestrator.track.tracking import client_for, find_train_runs, run_status, tune_from_tags, unigram_from_tags
+from orchestrator.track.tracking import client_for, find_train_runs, run_status, run_tags, tune_from_tags, unigram_from_tags
 
 TABLE = "tuning"
 
@@ -32,7 +32,7 @@ def tuning_results(tracking_uri: str, experiment_id: str) -> list[TuningResult]:
     client = client_for(tracking_uri)
     out = []
     for rec in find_train_runs(client, experiment_id, KIND).values():
-        t, p = rec.data.tags, rec.data.params
+        t, p = run_tags(rec.data.tags), rec.data.params
         out.append(
             TuningResult(
                 t.get("variant", ""),

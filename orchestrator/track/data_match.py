@@ -23,6 +23,7 @@ from typing import Any
 from orchestrator.plan.contract import RunSpec
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import Study
+from orchestrator.track.tracking import run_tag
 
 
 def held_hashes(records: Iterable[Any]) -> dict[str, set[str]]:
@@ -30,7 +31,7 @@ def held_hashes(records: Iterable[Any]) -> dict[str, set[str]]:
     records without either are skipped (an older version's runs)."""
     out: dict[str, set[str]] = {}
     for r in records:
-        corpus, h = r.data.tags.get("corpus"), r.data.params.get("data_hash")
+        corpus, h = run_tag(r.data.tags, "corpus"), r.data.params.get("data_hash")
         if corpus and h:
             out.setdefault(corpus, set()).add(h)
     return out

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from orchestrator.track.http_env import OUTAGE_ENV
-from orchestrator.track.tracking import redact_uri
+from orchestrator.track.tracking import redact_uri, tag
 
 __all__ = ["MetricBuffer", "OutagePolicy", "TrackingOutage", "is_outage"]
 
@@ -189,7 +189,7 @@ class MetricBuffer:
             )
             self._down_since, self._tries = None, 0
             if self.dropped:
-                self.client.log_batch(self.mlflow_run_id, tags=[RunTag("metrics_dropped", str(self.dropped))])
+                self.client.log_batch(self.mlflow_run_id, tags=[RunTag(tag("metrics_dropped"), str(self.dropped))])
         return True
 
     def _failed(self, err: BaseException) -> None:

@@ -240,7 +240,7 @@ def gather(
     doc, tags[SPEC_HASH_TAG] = resolved_spec(study, spec_path)
     tags[OVERRIDES_TAG] = json.dumps(doc["overrides"])[:5000]  # redacted there (a tracking_uri=... override)
     artifacts[RESOLVED_ARTIFACT] = yaml.safe_dump(doc, sort_keys=False)
-    note = study.description[:NOTE_CHARS]
+    note = redact_uri(study.description)[:NOTE_CHARS]  # free text may quote a URI with its password
     if note:
         tags[NOTE_TAG] = note
     return Provenance(tags=tags, artifacts=artifacts, note=note)

@@ -18,7 +18,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN
+from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, run_tag
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def sqlite_runs(db: Path, study: str, kind: str = KIND_TRAIN) -> dict[str, Store
             continue
         metrics = {k: float(v) for k, v in fields["metrics"][uuid].items()}  # type: ignore[arg-type]
         data = StoredRunData(metrics, tags, _text(fields["params"][uuid]))
-        out[str(tags["run_id"]) if "run_id" in tags else uuid] = StoredRun(StoredRunInfo(uuid, name or "", status, start), data)
+        out[run_tag(tags, "run_id") or uuid] = StoredRun(StoredRunInfo(uuid, name or "", status, start), data)
     return out
 
 

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plan.spec import STUDY_NAME_RULE, default_workdir, study_name_ok
+from orchestrator.plan.tuning import KIND as KIND_TUNE
 from orchestrator.track.lease import DEFAULT_TTL_S, STUDY_LEASE, Holder, read_lease, run_lease_name
 from orchestrator.track.store_probe import probe_store
 from orchestrator.track.tracking import (
+    KIND_TRAIN,
     STATUS_FAILED,
     STATUS_FINISHED,
     STATUS_QUEUED,
@@ -19,6 +21,7 @@ from orchestrator.track.tracking import (
     find_train_runs,
     named_study_uri,
     run_status,
+    run_tag,
     sqlite_path,
     study_tracking_uri,
 )
@@ -86,8 +89,10 @@ def study_lease_line(study: str, spec: Any | None = None) -> str:
     return f"study lease: {'held by ' + describe_holder(h) if isinstance(h, Holder) else describe_holder(h) or 'free'}"
 
 
-def _train_runs(study: str, tracking_uri: str, db: Path | None, warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
-    """The study's training runs by ``run_id`` tag (None: no such experiment): a SQLite store
+def _train_runs(
+    study: str, tracking_uri: str, db: Path | None, warn: Callable[[str], None] | None = None, kind: str = KIND_TRAIN
+) -> dict[str, Any] | None:
+    """The study's training runs (``kind`` tune: its LR-tuning runs) by ``run_id`` tag (None: no such experiment): a SQLite store
     through ``sqlite3`` (no MLflow import: ``track.sqlite_runs``), falling back to MLflow's
     client on a schema that reader does not know; any other store through the client.
 
@@ -99,7 +104,7 @@ def _train_runs(study: str, tracking_uri: str, db: Path | None, warn: Callable[[
         from orchestrator.track.sqlite_runs import sqlite_runs
 
         try:
-            return sqlite_runs(db, study)
+            return sqlite_runs(db, study, kind)
         except sqlite3.Error as e:  # say why this status is slower than usual
             (warn or (lambda _: None))(f"{db}: read through MLflow's client ({type(e).__name__}: {e})")
     from mlflow.exceptions import MlflowException
@@ -107,13 +112,15 @@ def _train_runs(study: str, tracking_uri: str, db: Path | None, warn: Callable[[
     client = client_for(tracking_uri)
     try:
         exp = client.get_experiment_by_name(study)
-        return None if exp is None else find_train_runs(client, exp.experiment_id)
+        return None if exp is None else find_train_runs(client, exp.experiment_id, kind)
     except MlflowException as e:  # a server that does not answer or refuses us: exit 1, no traceback
         raise ConnectionError(f"tracking store {tracking_uri}: {e.message}") from e
 
 
 def study_status(study: str, tracking_uri: str, spec: Any | None = None, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Rows {run_name, run_id, status, tokens, planned_tokens, val_ppl, note, lease} for a study.
+    """Rows {run_name, run_id, status, tokens, planned_tokens, val_ppl, final_ppl, note, lease}
+    for a study: ``val_ppl`` the latest eval's perplexity, ``final_ppl`` the final pass's over
+    the whole val split (``final/val_ppl``; None until the run finishes).
 
     With the study's spec, planned runs that MLflow does not hold yet appear as ``planned``;
     their ids are computed on the data MLflow's runs were trained on where the data here
@@ -134,21 +141,7 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None, warn: C
         if found is None and spec is None:
             raise StudyNotFound(f"study {study!r}: no such experiment in the MLflow store")
         runs = found or {}
-    rows = []
-    for run_id, r in runs.items():
-        m, t, p = r.data.metrics, r.data.tags, r.data.params
-        rows.append(
-            {
-                "run_name": r.info.run_name,
-                "run_id": run_id,
-                "status": run_status(r),
-                "tokens": int(m["tokens"]) if "tokens" in m else None,
-                "planned_tokens": int(p["planned_tokens"]) if "planned_tokens" in p else None,
-                "val_ppl": m.get("val/ppl"),
-                "note": t.get("failure_reason", "")[:120],
-                "lease": describe_holder(_holder(lease_storage(study, spec), run_lease_name(run_id))),
-            }
-        )
+    rows = [_row(study, spec, run_id, r) for run_id, r in runs.items()]
     if spec is not None:
         from orchestrator.track.data_match import plan_against
 
@@ -167,12 +160,40 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None, warn: C
                         "tokens": None,
                         "planned_tokens": run.tokens,
                         "val_ppl": None,
+                        "final_ppl": None,
                         "note": why or "",
                         "lease": "",
                     }
                 )
     order = {STATUS_RUNNING: 0, STATUS_FAILED: 1, STATUS_QUEUED: 2, STATUS_PLANNED: 3, STATUS_FINISHED: 4, STATUS_GATED: 5}
     return sorted(rows, key=lambda r: (order.get(r["status"], 9), r["run_name"]))
+
+
+def tuning_status(study: str, tracking_uri: str, spec: Any | None = None) -> list[dict[str, Any]]:
+    """``study_status`` rows of the study's LR-tuning runs (``plan.tune_plan``), with their
+    ``lr``, in run-name order; [] for an untuned study or a store that does not exist yet."""
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.is_file():
+        return []
+    runs = _train_runs(study, tracking_uri, db, kind=KIND_TUNE) or {}
+    rows = [{**_row(study, spec, run_id, r), "lr": r.data.params.get("lr")} for run_id, r in runs.items()]
+    return sorted(rows, key=lambda r: r["run_name"])
+
+
+def _row(study: str, spec: Any | None, run_id: str, r: Any) -> dict[str, Any]:
+    """One MLflow run as a status row."""
+    m, t, p = r.data.metrics, r.data.tags, r.data.params
+    return {
+        "run_name": r.info.run_name,
+        "run_id": run_id,
+        "status": run_status(r),
+        "tokens": int(m["tokens"]) if "tokens" in m else None,
+        "planned_tokens": int(p["planned_tokens"]) if "planned_tokens" in p else None,
+        "val_ppl": m.get("val/ppl"),
+        "final_ppl": m.get("final/val_ppl"),
+        "note": (run_tag(t, "failure_reason") or "")[:120],
+        "lease": describe_holder(_holder(lease_storage(study, spec), run_lease_name(run_id))),
+    }
 
 
 def _gated(study: str, tracking_uri: str, spec: Any, db: Path | None) -> dict[tuple[str, str, str], str]:

@@ -5,7 +5,10 @@ convention from here: names, statuses, where the default store lives, and how a 
 printed. Experiment = study name. One MLflow run per planned run, found again by its
 ``run_id`` tag (the planner's hash), so a resubmitted study reuses the same MLflow run: the
 id is created once by the driver and carried in the run's checkpoint. Step = tokens seen
-(int). Tags: study, run_id, variant, scale, seed, corpus, extend, status, and ``KIND_TAG``:
+(int). Run tags carry the ``qkstudy.`` namespace (``tag("status")`` -> ``qkstudy.status``):
+study, run_id, variant, scale, seed, corpus, extend, status, failure_reason, ... (``RUN_TAGS``);
+stores written before the namespace hold the bare names, so every reader goes through
+``run_tag`` / ``run_tags``, which accept both (the namespaced one wins). ``KIND_TAG``:
 ``train`` for a training run, ``report`` for the report's own run, ``stale`` for an
 abandoned duplicate, ``superseded`` for a run whose data or configuration the study no longer
 has (tags ``superseded_by``: the run_id that replaced it, ``superseded_reason``); only
@@ -22,13 +25,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode
 
 from orchestrator.plan.spec import default_workdir
+
+# Re-exported: printing a URI is one of this module's conventions (its doc).
+from orchestrator.plan.uri_secrets import REDACTED as REDACTED
+from orchestrator.plan.uri_secrets import redact_uri as redact_uri
 
 if TYPE_CHECKING:  # MLflow takes seconds to import: the functions that talk to a store import it
     from mlflow.entities import Metric
@@ -45,8 +50,35 @@ UNIGRAM_PPL_TAG, UNIGRAM_VAL_TOKENS_TAG = "qkstudy.unigram_ppl", "qkstudy.unigra
 # Experiment tag of a tuned study: the rule its LRs were chosen by (JSON: the initial grid,
 # tuning seeds, extend_edges, min_steps, per_corpus), so the report recomputes the same choice.
 TUNE_TAG = "qkstudy.tune"
+# Run tags qkstudy writes, by their bare name: each is stored as ``qkstudy.<name>`` (``tag``).
+RUN_TAGS = (
+    "study",
+    "run_id",
+    "variant",
+    "model_variant",
+    "scale",
+    "seed",
+    "corpus",
+    "extend",
+    "status",
+    "failure_reason",
+    "failed_at_tokens",
+    "final_tokens",
+    "trunk",
+    "branch_step",
+    "branch_point",
+    "branched_at_tokens",
+    "superseded_by",
+    "superseded_reason",
+    "restarts",
+    "resumed_from_tokens",
+    "resume_fallback",
+    "metrics_dropped",
+    "stall.section",
+    "stall.elapsed_s",
+)
+TAG_NAMESPACE = "qkstudy."
 STORE_FILE = "mlflow.db"
-REDACTED = "***"
 
 # MLflow prints "View run ... at: <tracking URI>/#/..." whenever a run on a server ends: the
 # URI raw, password included, into the CLI's output and every worker's log. Every process
@@ -86,68 +118,34 @@ def named_study_uri(name: str, tracking_uri: str | None = None) -> str:
     return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(default_workdir(name))
 
 
-# --------------------------------------------------------------------------- redaction
-
-# A URI inside any text: scheme, '://', then up to whitespace, a quote, '<', '>' or a backtick.
-_URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
-# A query key names a secret if one of its words is one of these ("token", "hf_token"; not
-# "tokens" or "tokenizer").
-_SECRET_WORDS = frozenset(
-    {
-        "password",
-        "passwd",
-        "pwd",
-        "secret",
-        "token",
-        "apikey",
-        "credential",
-        "credentials",
-        "authorization",
-        "auth",
-        "cookie",
-        "signature",
-        "privatekey",
-        "sessiontoken",
-    }
-)
-_SECRET_COMPOUNDS = ("api_key", "api-key", "private_key", "private-key", "access_key_secret")
+# --------------------------------------------------------------------------- run tags
 
 
-def _secret_key(key: str) -> bool:
-    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower()  # apiKey -> api_key
-    return any(c in snake for c in _SECRET_COMPOUNDS) or any(w in _SECRET_WORDS for w in re.split(r"[^a-z0-9]+", snake))
+def tag(name: str) -> str:
+    """The stored name of run tag ``name`` (one of ``RUN_TAGS``): ``qkstudy.<name>``.
+
+    Raises KeyError for a name that is not a qkstudy run tag (a typo would otherwise write a
+    tag no reader looks for)."""
+    if name not in RUN_TAGS:
+        raise KeyError(f"{name!r} is not a qkstudy run tag (RUN_TAGS)")
+    return TAG_NAMESPACE + name
 
 
-def _redact_one(uri: str) -> str:
-    scheme, _, rest = uri.partition("://")
-    # The authority ends at the first '/': a '?', '#' or '@' inside an unencoded password must
-    # not end it early, so a query holding '@' with no path is over-masked rather than leaked.
-    cut = rest.find("/")
-    authority, tail = (rest, "") if cut < 0 else (rest[:cut], rest[cut:])
-    userinfo, at, host = authority.rpartition("@")
-    if at:
-        user, colon, _ = userinfo.partition(":")
-        authority = f"{user}:{REDACTED}@{host}" if colon else f"{REDACTED}@{host}"
-    base, q, query = (authority + tail).partition("?")
-    if q:
-        query, hash_, fragment = query.partition("#")
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_secret_key(k) for k, _ in pairs):
-            query = urlencode([(k, REDACTED if _secret_key(k) else v) for k, v in pairs], safe="*")
-        base += "?" + query + hash_ + fragment
-    return f"{scheme}://{base}"
+def run_tag(tags: Mapping[str, Any], name: str, default: str | None = None) -> str | None:
+    """Run tag ``name`` from a run's tags: ``qkstudy.<name>``, else the bare ``<name>`` that
+    stores written before the namespace hold, else ``default``."""
+    return tags.get(tag(name), tags.get(name, default))
 
 
-def redact_uri(text: str) -> str:
-    """Mask the credentials of every URI in ``text`` (a URI, or a message holding URIs).
-
-    The password of ``scheme://user:password@host`` (or a bare ``scheme://token@host``) and
-    the values of secret query parameters (``token``, ``password``, ``api_key``, ...) become
-    ``***``: ``postgresql://mlflow:s3cr3t@db/mlflow`` -> ``postgresql://mlflow:***@db/mlflow``,
-    ``https://h/x?token=abc&a=1`` -> ``https://h/x?token=***&a=1``. Text without a URI
-    (a local path) comes back unchanged.
-    """
-    return _URI_RE.sub(lambda m: _redact_one(m[0]), text)
+def run_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    """A run's tags with every qkstudy run tag under its bare name (namespaced beats bare,
+    whichever the store holds) and every other tag (MLflow's, provenance) unchanged."""
+    out = {k: v for k, v in tags.items() if not (k.startswith(TAG_NAMESPACE) and k[len(TAG_NAMESPACE) :] in RUN_TAGS)}
+    for name in RUN_TAGS:
+        value = run_tag(tags, name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 # --------------------------------------------------------------------------- runs
@@ -200,7 +198,7 @@ def find_train_runs(client: MlflowClient, experiment_id: str, kind: str = KIND_T
             page_token=token,
         )
         for r in page:
-            out[r.data.tags.get("run_id", r.info.run_id)] = r
+            out[run_tag(r.data.tags, "run_id") or r.info.run_id] = r
         token = page.token
         if not token:
             return out
@@ -208,7 +206,7 @@ def find_train_runs(client: MlflowClient, experiment_id: str, kind: str = KIND_T
 
 def run_status(run: Any) -> str:
     """``queued``, ``running``, ``finished`` or ``failed`` from the run's ``status`` tag."""
-    return run.data.tags.get("status", STATUS_QUEUED)
+    return run_tag(run.data.tags, "status", STATUS_QUEUED) or STATUS_QUEUED
 
 
 def create_run(
@@ -220,9 +218,7 @@ def create_run(
 ) -> str:
     """Create the MLflow run of a planned run (RunSpec) with its tags and params; return its id.
     ``extra_tags`` (the driver's provenance, ``track.provenance``) are set at creation too."""
-    tags = {
-        **(extra_tags or {}),
-        KIND_TAG: getattr(spec, "kind", KIND_TRAIN),  # a tuning run is kind tune
+    named = {
         "study": spec.study,
         "run_id": spec.run_id,
         "variant": spec.variant,
@@ -234,7 +230,9 @@ def create_run(
         "status": STATUS_QUEUED,
     }
     if getattr(spec, "branch_step", None) is not None:  # protocol: branches: its trunk (a trunk is its own)
-        tags.update(trunk=spec.trunk or spec.run_id, branch_step=str(spec.branch_step))  # and where it branches
+        named.update(trunk=spec.trunk or spec.run_id, branch_step=str(spec.branch_step))  # and where it branches
+    kind = getattr(spec, "kind", KIND_TRAIN)  # a tuning run is kind tune
+    tags = {**(extra_tags or {}), KIND_TAG: kind, **{tag(k): v for k, v in named.items()}}
     run = client.create_run(experiment_id, run_name=spec.run_name, tags=tags)
     params = {
         "n_params": spec.n_params,
@@ -266,14 +264,17 @@ def _log_params(client: MlflowClient, mlflow_run_id: str, params: dict[str, Any]
 
 
 def set_status(client: MlflowClient, mlflow_run_id: str, status: str, reason: str | None = None, tokens: int | None = None) -> None:
-    """Set the ``status`` tag (and MLflow's own run status) of a run; record why it failed."""
+    """Set the ``status`` tag (and MLflow's own run status) of a run; record why it failed.
+
+    ``reason`` is stored redacted (``redact_uri``): exception text may quote a storage or store
+    URI with its credentials, and the tag reaches every report's ``runs.csv``."""
     from mlflow.entities import RunTag
 
-    tags = [RunTag("status", status)]
+    tags = [RunTag(tag("status"), status)]
     if reason is not None:
-        tags.append(RunTag("failure_reason", reason[:5000]))
+        tags.append(RunTag(tag("failure_reason"), redact_uri(reason)[:5000]))
     if tokens is not None:
-        tags.append(RunTag("failed_at_tokens" if status == STATUS_FAILED else "final_tokens", str(tokens)))
+        tags.append(RunTag(tag("failed_at_tokens" if status == STATUS_FAILED else "final_tokens"), str(tokens)))
     client.log_batch(mlflow_run_id, tags=tags)
     if status == STATUS_FINISHED:
         client.set_terminated(mlflow_run_id, "FINISHED")

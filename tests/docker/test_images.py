@@ -269,7 +269,7 @@ def test_requirements_helper_reads_pyproject() -> None:
     run = lambda *a: subprocess.run([*script, *a], capture_output=True, text=True, timeout=60)  # noqa: E731
     train = run("--exclude", "DeepSpeed").stdout.split()
     assert "ray[default,train]>=2.52" in train and not any(r.startswith("deepspeed") for r in train)
-    assert run("--only-extras", "--extra", "server").stdout.split() == ["mlflow[auth]>=3.0", "psycopg[binary]>=3.2"]
+    assert run("--only-extras", "--extra", "server").stdout.split() == ["mlflow[auth]>=3.8", "psycopg[binary]>=3.2"]
     bad = run("--extra", "nope")
     assert bad.returncode == 2 and "optional-dependencies.nope" in bad.stderr
 

@@ -160,7 +160,7 @@ def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tm
     runs = client.search_runs([experiment.experiment_id], "tags.`qkstudy.kind` = 'train'")
     assert len(runs) == 1
     run = runs[0]
-    assert run.info.status == "FINISHED" and run.data.tags["variant"] == "standard"
+    assert run.info.status == "FINISHED" and run.data.tags["qkstudy.variant"] == "standard"
     with psycopg.connect(
         host=postgres_server.host, port=postgres_server.port, user=postgres_server.user, password=postgres_server.password, dbname="mlflow"
     ) as conn:

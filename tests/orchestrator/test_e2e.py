@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.track.timeline import PREFIX, SECTIONS, TOTAL
+from orchestrator.track.tracking import run_tags
 from tests.helpers import qk
 
 pytestmark = pytest.mark.slow
@@ -33,11 +34,11 @@ def _train_runs(d):
 def test_one_finished_mlflow_run_per_planned_run(study):
     d, _, plan, _ = study
     c, runs = _train_runs(d)
-    assert sorted(r.data.tags["run_id"] for r in runs) == sorted(p["run_id"] for p in plan)
-    by_id = {r.data.tags["run_id"]: r for r in runs}
+    assert sorted(r.data.tags["qkstudy.run_id"] for r in runs) == sorted(p["run_id"] for p in plan)
+    by_id = {r.data.tags["qkstudy.run_id"]: r for r in runs}
     for p in plan:
         r = by_id[p["run_id"]]
-        t = r.data.tags
+        t = run_tags(r.data.tags)
         assert (t["study"], t["variant"], t["scale"], t["seed"], t["corpus"]) == ("e2e", p["variant"], "cpu-xs", "0", "stdlib")
         assert t["extend"] == ("2" if p["extend"] == 2 else "1") and t["status"] == "finished"
         assert r.info.status == "FINISHED"
@@ -115,7 +116,7 @@ def test_each_run_logs_its_start_up_timeline_from_the_command(tiny_study):
         sections = {k: v for k, v in r.data.metrics.items() if k.startswith(PREFIX) and k != TOTAL}
         assert {f"{PREFIX}{s}_s" for s in SECTIONS} == set(sections)  # every run opened its own worker group
         assert all(v >= 0 for v in sections.values()) and sum(sections.values()) == pytest.approx(total.value, abs=1.0)
-        planned = next(p for p in tiny_study.plan if p["run_id"] == r.data.tags["run_id"])
+        planned = next(p for p in tiny_study.plan if p["run_id"] == r.data.tags["qkstudy.run_id"])
         assert total.step == planned["tokens"] // planned["steps"]  # logged at the first step
         # the clock of the test and of the driver is one: the timeline starts at the command
         assert total.timestamp / 1000 - tiny_study.started_at == pytest.approx(total.value, abs=1.0)
@@ -177,7 +178,7 @@ def test_report_reads_mlflow_and_is_reproducible(tiny_study_copy):
     assert split["recorded"] and split["runs"] == len(plan) and 0 < split["outside_steps"] < 1
     assert "Where the time went" in (out / "report.md").read_text()
     _, runs = _train_runs(d)
-    finals = {r.data.tags["variant"]: r.data.metrics["final/val_ppl"] for r in runs if r.data.tags["extend"] == "1"}
+    finals = {r.data.tags["qkstudy.variant"]: r.data.metrics["final/val_ppl"] for r in runs if r.data.tags["qkstudy.extend"] == "1"}
     for v, ppl in finals.items():
         assert first[0]["final_ppl"][v] == pytest.approx(ppl)
     shutil.rmtree(out)
@@ -261,16 +262,16 @@ def test_changed_corpus_file_trains_new_runs_and_supersedes_the_old(tmp_path):
     assert len(runs) == 2
     o = runs.pop(old.info.run_id)
     (new,) = runs.values()
-    assert o.data.tags["qkstudy.kind"] == "superseded" and o.data.tags["status"] == "finished"
-    assert o.data.tags["superseded_by"] == new.data.tags["run_id"] != o.data.tags["run_id"]
-    assert "trained on other data" in o.data.tags["superseded_reason"]
+    assert o.data.tags["qkstudy.kind"] == "superseded" and o.data.tags["qkstudy.status"] == "finished"
+    assert o.data.tags["qkstudy.superseded_by"] == new.data.tags["qkstudy.run_id"] != o.data.tags["qkstudy.run_id"]
+    assert "trained on other data" in o.data.tags["qkstudy.superseded_reason"]
     assert history(o.info.run_id) == before  # untouched
-    assert new.data.tags["qkstudy.kind"] == "train" and new.data.tags["status"] == "finished"
-    assert new.info.status == "FINISHED" and "restarts" not in new.data.tags  # trained from scratch
+    assert new.data.tags["qkstudy.kind"] == "train" and new.data.tags["qkstudy.status"] == "finished"
+    assert new.info.status == "FINISHED" and "qkstudy.restarts" not in new.data.tags  # trained from scratch
     assert new.data.params["data_hash"] != o.data.params["data_hash"]
     assert history(new.info.run_id)["tokens"][-1] == (10240, 10240.0)
     plan = json.loads(qk("plan", "sup.yaml", "--json", cwd=tmp_path, env=env).stdout)
-    assert [(p["run_id"], p["data_hash"]) for p in plan] == [(new.data.tags["run_id"], new.data.params["data_hash"])]
+    assert [(p["run_id"], p["data_hash"]) for p in plan] == [(new.data.tags["qkstudy.run_id"], new.data.params["data_hash"])]
     res = qk("run", "sup.yaml", cwd=tmp_path, env=env)
     assert res.returncode == 0 and "1 run(s) already finished in MLflow: skipped" in res.stderr, res.stderr[-3000:]
     assert len(c.search_runs([exp_id])) == 2

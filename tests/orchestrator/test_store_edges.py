@@ -58,7 +58,7 @@ def test_a_report_whose_artifacts_cannot_be_stored_ends_its_run_failed(tmp_path)
     res = CliRunner().invoke(app, ["report", ONE_SEED.study, "--tracking-uri", uri, "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     reports = MlflowClient(uri).search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'report'")
-    assert sorted(r.info.status for r in reports) == ["FAILED", "FINISHED"]
+    assert sorted(r.info.status for r in reports) == ["FAILED", "FINISHED"]  # the failed run is not reused: its location is bad
 
 
 def test_status_at_a_database_that_refuses_says_so_without_mlflows_retries(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from orchestrator.plan.contract import RunSpec
 from orchestrator.run.driver.leasing import run_leases
 from orchestrator.run.driver.placement import worker_resources
 from orchestrator.track.timeline import Timeline
-from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status, set_status
+from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status, run_tag, set_status
 
 # The controller checks its workers this often; a finished run is noticed at the next check.
 # Ray's default (2 s) adds seconds to every short run; the check is one cheap actor call.
@@ -139,7 +139,7 @@ def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dic
                 f"record it ({type(e).__name__}): its run there still reads running until a resubmit",
             }
             continue
-        status, reason = run_status(record), record.data.tags.get("failure_reason", "")
+        status, reason = run_status(record), run_tag(record.data.tags, "failure_reason") or ""
         if status != STATUS_FINISHED and not (status == STATUS_FAILED and reason):
             reason = crash or "the worker group ended before this run did"
             status = STATUS_FAILED

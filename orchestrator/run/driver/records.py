@@ -30,13 +30,15 @@ from orchestrator.track.tracking import (
     ensure_experiment,
     find_train_runs,
     run_status,
+    run_tag,
     sqlite_path,
+    tag,
 )
 
 
 def _slot(tags: dict[str, str]) -> tuple[str, ...]:
     """What a run stands for in a study, whatever its id: (corpus, variant, scale, seed, extend)."""
-    return tuple(tags.get(k, "") for k in ("corpus", "variant", "scale", "seed", "extend"))
+    return tuple(run_tag(tags, k) or "" for k in ("corpus", "variant", "scale", "seed", "extend"))
 
 
 def _run_slot(run: RunSpec) -> tuple[str, ...]:
@@ -68,7 +70,8 @@ def finished_before_ray(runs: list[RunSpec], study_name: str, tracking_uri: str)
 def mark_superseded(client: MlflowClient, mlflow_run_id: str, by: str, reason: str) -> None:
     """Take a run out of the study's data, keeping its record and metrics (module docstring)."""
     client.log_batch(
-        mlflow_run_id, tags=[RunTag(KIND_TAG, KIND_SUPERSEDED), RunTag("superseded_by", by), RunTag("superseded_reason", reason[:5000])]
+        mlflow_run_id,
+        tags=[RunTag(KIND_TAG, KIND_SUPERSEDED), RunTag(tag("superseded_by"), by), RunTag(tag("superseded_reason"), reason[:5000])],
     )
 
 

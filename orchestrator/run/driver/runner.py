@@ -341,7 +341,7 @@ def _launch_and_watch(
 
     mlflow_ids = {r.run_id: m for r, m in todo}
 
-    with StudyProgress(study_name, launch_order([r for r, _ in todo]), console) as view:
+    with StudyProgress(study_name, [p.runs for p in packs], console) as view:
 
         def launch(pack: Pack) -> ray.ObjectRef:
             # On the driver's node: the pack's trainer (and Ray Train's controller) outlive a worker node.

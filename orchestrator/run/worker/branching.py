@@ -47,7 +47,7 @@ from orchestrator.plan.contract import RunSpec
 from orchestrator.run.ckpt_format import has_manifest, merge_share, read_state, save_share, verify_share
 
 BRANCH_DIR = "branch_points"
-BRANCH_POINT_KEY = "branch_point"  # key in restore_branch_point's state, and the MLflow tag's name
+BRANCH_POINT_KEY = "branch_point"  # key in restore_branch_point's state, and the MLflow tag's bare name (tracking.tag)
 
 
 class BranchPointError(RuntimeError):

@@ -47,7 +47,7 @@ from orchestrator.run.worker.branching import (
 )
 from orchestrator.run.worker.evaluate import eval_sums, val_metrics
 from orchestrator.run.worker.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
-from orchestrator.run.worker.recorder import Recorder
+from orchestrator.run.worker.recorder import NodePlace, Recorder, node_place
 from orchestrator.run.worker.stall import StepHook, WorkerGuard, block_hook_from_env, chain_hooks, kill_hook_from_env, worker_log
 from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status
@@ -71,7 +71,9 @@ class RunLoop:
     ``step_hook`` (fault injection in tests) runs before every optimizer step when given;
     ``data_hash`` is the prepared data's content hash (a checkpoint of the same run on other
     data is never resumed); ``guard`` the process's watchdog (``run.worker.stall``; none: unwatched);
-    ``storage_path`` the study's storage (branch points of ``protocol: branches``, ``run.worker.branching``)."""
+    ``storage_path`` the study's storage (branch points of ``protocol: branches``, ``run.worker.branching``);
+    ``node`` where this process runs (its node's local rank 0 records the node's system metrics,
+    ``run.worker.recorder``; none: rank 0's alone)."""
 
     def __init__(
         self,
@@ -87,8 +89,9 @@ class RunLoop:
         guard: WorkerGuard | None = None,
         storage_path: str = "",
         timeline: Timeline | None = None,
+        node: NodePlace | None = None,
     ):
-        self.run, self.rank, self.world = run, rank, world_size
+        self.run, self.rank, self.world, self.node = run, rank, world_size, node
         self.step_hook, self.data_hash, self.guard = step_hook, data_hash, guard or WorkerGuard(rank, tracking_uri)
         self.data_path, self.tracking_uri, self.mlflow_run_id, self.board = data_path, tracking_uri, mlflow_run_id, board
         self.storage_path = storage_path
@@ -309,6 +312,7 @@ class RunLoop:
             devices=self.world,
             data=(r.corpus_name, self.data_path, self.data_hash),
             carried=state.get("unwritten_metrics"),
+            node=self.node,
         )
         rec.start(
             state["step"],
@@ -478,6 +482,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             guard=guard,
             storage_path=config.get("storage_path", ""),
             timeline=timeline,
+            node=node_place(ctx),
         )
         statuses.append(loop.run_loop())
         timeline = Timeline.since("previous_run")

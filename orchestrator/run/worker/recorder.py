@@ -9,9 +9,13 @@ points through a tracking-server outage of a few minutes and writes them when it
 
 Beside the metrics: the run's training and validation data as MLflow dataset inputs (``log_data_inputs``)
 and MLflow's system metrics (``system/cpu_utilization_percentage``, ``system/system_memory_usage_megabytes``,
-disk, network, and GPU ones where ``pynvml`` finds a GPU) of rank 0's machine, sampled every
-10 s (``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``) by ``mlflow.system_metrics``'s monitor while
-the run trains. Their step is the monitor's sample count, not tokens (MLflow's convention).
+disk, network, and GPU ones where ``pynvml`` finds a GPU) of every machine the run trains on,
+sampled every 10 s (``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``) by ``mlflow.system_metrics``'s
+monitor while the run trains. Their step is the monitor's sample count, not tokens (MLflow's
+convention). One process per node samples (its local rank 0, ``NodePlace``; the monitor reads
+the whole machine, every GPU on it included), into the run's MLflow record: a single-node run
+under the names above, a run over several nodes under ``system/node<k>/...`` (k: Ray Train's
+node rank), so each node's numbers stay apart. That is the one write a rank other than 0 makes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,7 +37,16 @@ from orchestrator.run.worker.mfu import device_peak_flops, mfu
 from orchestrator.track.http_env import apply_http_env
 from orchestrator.track.metric_buffer import MetricBuffer
 from orchestrator.track.timeline import TOTAL as STARTUP_TOTAL
-from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_RUNNING, client_for, last_logged_step, set_status
+from orchestrator.track.tracking import (
+    STATUS_FAILED,
+    STATUS_FINISHED,
+    STATUS_RUNNING,
+    client_for,
+    last_logged_step,
+    run_tag,
+    set_status,
+    tag,
+)
 
 
 def _ppl(val_loss: float) -> float:
@@ -68,14 +82,45 @@ def log_data_inputs(client: MlflowClient, mlflow_run_id: str, name: str, path: s
     client.log_inputs(mlflow_run_id, inputs)
 
 
+@dataclass(frozen=True)
+class NodePlace:
+    """Where a worker process runs, for the system metrics (module docstring): its rank on its
+    node (``local_rank``), its node's rank among the run's nodes (``node_rank``) and whether
+    the run's workers span several nodes (``multi_node``)."""
+
+    local_rank: int = 0
+    node_rank: int = 0
+    multi_node: bool = False
+
+    @property
+    def samples(self) -> bool:
+        """True for the one process per node that samples the machine (local rank 0)."""
+        return self.local_rank == 0
+
+    @property
+    def node_id(self) -> str | None:
+        """MLflow's ``node_id`` for this node's system metrics: ``node<k>`` over several nodes,
+        None (the plain ``system/...`` names) on one."""
+        return f"node{self.node_rank}" if self.multi_node else None
+
+
+def node_place(ctx: Any) -> NodePlace:
+    """This worker's ``NodePlace`` from Ray Train's context. The run spans several nodes when
+    this node holds fewer than all its workers (true on every node of such a run)."""
+    return NodePlace(ctx.get_local_rank(), ctx.get_node_rank(), ctx.get_local_world_size() < ctx.get_world_size())
+
+
 class Recorder:
-    """One run's writes on rank 0 (``active``); a no-op on the other ranks.
+    """One run's writes on rank 0 (``active``); a no-op on the other ranks but for the system
+    metrics of their node.
 
     ``devices`` is the run's worker count (for MFU: peak FLOP/s x devices). Create it after
     the checkpoint is restored: ``mlflow_run_id`` must be the run the checkpoint was writing.
     ``data``: (corpus name, prepared path, content hash) of the training data, logged as the
     run's dataset input at ``start`` when given. ``carried``: the points the checkpoint kept
-    unwritten (``unwritten``), written with the run's next flush.
+    unwritten (``unwritten``), written with the run's next flush. ``node``: where this process
+    runs; its node's local rank 0 samples the node's system metrics from ``start`` to the run's
+    end. None: rank 0 alone samples, under the plain names (as on one node).
     """
 
     def __init__(
@@ -89,13 +134,17 @@ class Recorder:
         devices: int,
         data: tuple[str, str, str | None] | None = None,
         carried: list[list] | None = None,
+        node: NodePlace | None = None,
     ):
         self.run, self.mlflow_run_id, self.board, self.active = run, mlflow_run_id, board, active
         self.tps, self.tracking_uri, self.data = run.train.tokens_per_step, tracking_uri, data
+        self.samples = node.samples if node is not None else active
+        self.node_id = node.node_id if node is not None else None
         self.sysmon: Any = None  # mlflow's SystemMetricsMonitor while the run trains (imported at start)
+        if active or self.samples:
+            apply_http_env()  # a cluster's workers do not inherit the driver's settings (track.http_env)
         if not active:
             return
-        apply_http_env()  # a cluster's workers do not inherit the driver's settings (track.http_env)
         self.client = client_for(tracking_uri)
         self.metrics = MetricBuffer(self.client, mlflow_run_id, resume_after=last_logged_step(self.client, mlflow_run_id), carried=carried)
         peak = device_peak_flops()
@@ -108,27 +157,43 @@ class Recorder:
         point (``run.worker.branching``), tagged ``branched_at_tokens``, not a restart;
         ``branch_point``: how a branch's start checkpoint verified (``run.worker.branching``:
         verified, or torn and where it restarted from), the ``branch_point`` tag. The
-        throughput clock starts here."""
+        throughput clock starts here, and the node's system metrics (``node``) on the process
+        that samples them."""
         if not self.active:
+            self._sample_system(step)
             return
         set_status(self.client, self.mlflow_run_id, STATUS_RUNNING)
         if fallback:
-            self.client.set_tag(self.mlflow_run_id, "resume_fallback", fallback[:5000])
+            self.client.set_tag(self.mlflow_run_id, tag("resume_fallback"), fallback[:5000])
         if branch_point:
-            self.client.set_tag(self.mlflow_run_id, "branch_point", branch_point[:5000])
+            self.client.set_tag(self.mlflow_run_id, tag("branch_point"), branch_point[:5000])
         if self.data and self.data[2]:
             log_data_inputs(self.client, self.mlflow_run_id, self.data[0], self.data[1], self.data[2])
+        self._sample_system(step)
+        if branched:
+            self.client.set_tag(self.mlflow_run_id, tag("branched_at_tokens"), str(step * self.tps))
+        elif step:
+            restarts = int(run_tag(self.client.get_run(self.mlflow_run_id).data.tags, "restarts", "0") or 0) + 1
+            self.client.set_tag(self.mlflow_run_id, tag("restarts"), str(restarts))
+            self.client.set_tag(self.mlflow_run_id, tag("resumed_from_tokens"), str(step * self.tps))
+        self._t_last, self._tok_last = time.perf_counter(), step * self.tps
+
+    def _sample_system(self, step: int) -> None:
+        """Start MLflow's system metrics monitor on the run when this process samples its node;
+        a restart (``step`` > 0) continues the run's sample count."""
+        if not self.samples:
+            return
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        self.sysmon = SystemMetricsMonitor(self.mlflow_run_id, tracking_uri=self.tracking_uri, resume_logging=step > 0)
+        self.sysmon = SystemMetricsMonitor(
+            self.mlflow_run_id, tracking_uri=self.tracking_uri, resume_logging=step > 0, node_id=self.node_id
+        )
         self.sysmon.start()
-        if branched:
-            self.client.set_tag(self.mlflow_run_id, "branched_at_tokens", str(step * self.tps))
-        elif step:
-            restarts = int(self.client.get_run(self.mlflow_run_id).data.tags.get("restarts", "0")) + 1
-            self.client.set_tag(self.mlflow_run_id, "restarts", str(restarts))
-            self.client.set_tag(self.mlflow_run_id, "resumed_from_tokens", str(step * self.tps))
-        self._t_last, self._tok_last = time.perf_counter(), step * self.tps
+
+    def _stop_system(self) -> None:
+        if self.sysmon is not None:
+            self.sysmon.finish()  # flushes its last samples
+            self.sysmon = None
 
     def train_point(self, step: int, loss: float, grad_norm: float, lr: float, wall_s: float, grad_norm_max: float | None = None) -> None:
         """Queue the training metrics after ``step`` optimizer steps; throughput (and MFU on a
@@ -224,10 +289,10 @@ class Recorder:
 
     def _end(self, step: int, status: str, reason: str | None = None) -> None:
         if not self.active:
+            self._stop_system()
             return
         tokens = step * self.tps
         self.metrics.flush(wait=True)  # rides out an outage within its bound (track.metric_buffer)
-        if self.sysmon is not None:
-            self.sysmon.finish()  # flushes its last samples while the run is still RUNNING
+        self._stop_system()  # while the run is still RUNNING
         self.metrics.call(lambda: set_status(self.client, self.mlflow_run_id, status, reason=reason, tokens=tokens))
         report_progress(self.board, self.run.run_id, tokens=tokens, planned=self.run.tokens, state=status)

@@ -22,7 +22,7 @@ from orchestrator.run.ckpt_format import read_state, verify_share
 
 __all__ = ["FALLBACK_KEY", "candidates", "restore_newest_whole"]
 
-FALLBACK_KEY = "resume_fallback"  # key in the returned state, and the MLflow tag's name
+FALLBACK_KEY = "resume_fallback"  # key in the returned state, and the MLflow tag's bare name (tracking.tag)
 
 
 def candidates() -> list[Any]:

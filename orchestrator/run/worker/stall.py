@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, Watchdog, WatchdogLimits, stall_reason
-from orchestrator.track.tracking import STATUS_FAILED, client_for, set_status
+from orchestrator.track.tracking import STATUS_FAILED, client_for, set_status, tag
 
 # Fault injection for the resume tests: the worker process dies hard (as a preempted node
 # would) right after this optimizer step, on the worker group's first attempt only (no
@@ -157,8 +157,8 @@ class WorkerGuard:
                 rec.metrics.flush()  # the loop is stuck, not writing: its buffer is ours now
             client = client_for(self.tracking_uri)
             run_id = loop.mlflow_run_id
-            client.set_tag(run_id, "stall.section", section)
-            client.set_tag(run_id, "stall.elapsed_s", f"{elapsed_s:.1f}")
+            client.set_tag(run_id, tag("stall.section"), section)
+            client.set_tag(run_id, tag("stall.elapsed_s"), f"{elapsed_s:.1f}")
             client.log_text(run_id, stack, "stall/stacks.txt")
             set_status(client, run_id, STATUS_FAILED, reason=reason)
         except Exception as e:  # noqa: BLE001 - the process ends anyway; the pack marks the run failed

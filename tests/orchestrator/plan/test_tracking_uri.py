@@ -108,3 +108,50 @@ def test_a_plain_path_on_the_command_line_is_one_error_line_with_a_did_you_mean(
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "did you mean sqlite:///mlflow.db" in res.output.replace("\n", "")
     assert not (tmp_path / "mlflow.db").exists()
+
+
+# --------------------------------------------------------------------------- credentials in a spec
+
+
+@pytest.mark.parametrize(
+    "field, uri, why",
+    [
+        ("tracking_uri", "postgresql+psycopg://mlflow:s3cr3t@db/mlflow", "embeds a password"),
+        ("tracking_uri", "https://s3cr3t@mlflow.example.org", "embeds a token as its user"),
+        ("tracking_uri", "https://mlflow.example.org/?token=s3cr3t", "embeds a secret query parameter"),
+        ("storage_path", "s3://AKIAKEY:s3cr3t@bucket/qkstudy", "embeds a password"),
+        ("storage_path", "s3://bucket/qkstudy?X-Amz-Signature=s3cr3t", "embeds a secret query parameter"),
+    ],
+)
+def test_a_spec_uri_with_credentials_is_refused_naming_the_field(tmp_path, field, uri, why) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC + f"{field}: {uri}\n")
+    res = CliRunner().invoke(app, ["validate", str(spec)])
+    text = res.output + (res.stderr if res.stderr_bytes is not None else "")
+    assert res.exit_code == 2, text
+    assert f"{spec}: {field}:" in text and why in text and "MLFLOW_TRACKING_PASSWORD" in text
+    assert "s3cr3t" not in text  # the refusal itself does not repeat the secret
+
+
+@pytest.mark.parametrize(
+    "field, uri",
+    [
+        ("tracking_uri", "postgresql+psycopg://mlflow@db/mlflow"),  # the password from PGPASSWORD / ~/.pgpass
+        ("tracking_uri", "https://mlflow.example.org/?tokens=5"),  # "tokens" names no secret
+        ("storage_path", "s3://bucket/qkstudy?region=eu-west-1"),
+        ("storage_path", "/shared/qkstudy"),
+    ],
+)
+def test_a_spec_uri_without_credentials_validates(tmp_path, field, uri) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC + f"{field}: {uri}\n")
+    res = CliRunner().invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 0, res.output
+
+
+def test_an_override_cannot_bring_credentials_in_either(tmp_path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC)
+    res = CliRunner().invoke(app, ["validate", str(spec), "storage_path=s3://k:s3cr3t@bucket/x"])
+    text = res.output + (res.stderr if res.stderr_bytes is not None else "")
+    assert res.exit_code == 2 and "storage_path" in text and "s3cr3t" not in text, text

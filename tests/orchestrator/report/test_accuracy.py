@@ -8,6 +8,7 @@ import pytest
 from mlflow import MlflowClient
 
 from orchestrator.report import build_report
+from orchestrator.track.tracking import run_tag
 from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
 MQAR = SyntheticStudy(
@@ -35,9 +36,9 @@ def _logged(synthetic_store) -> pd.DataFrame:
     client = MlflowClient(synthetic_store)
     exp = client.get_experiment_by_name(MQAR.study)
     rows = [
-        {"scale": r.data.tags["scale"], "variant": r.data.tags["variant"], "acc": r.data.metrics["final/val_accuracy"]}
+        {"scale": run_tag(r.data.tags, "scale"), "variant": run_tag(r.data.tags, "variant"), "acc": r.data.metrics["final/val_accuracy"]}
         for r in client.search_runs([exp.experiment_id])
-        if r.data.tags["extend"] == "1"
+        if run_tag(r.data.tags, "extend") == "1"
     ]
     return pd.DataFrame(rows)
 

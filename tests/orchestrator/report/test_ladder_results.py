@@ -16,6 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.report import build_report
+from orchestrator.track.tracking import run_tag
 from tests import published
 from tests.published import Quote, assert_shared_tables_equal, unzip_store
 
@@ -107,7 +108,7 @@ def test_each_main_run_trained_at_its_tuned_lr(store):
     main = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
     assert len(main) == 12
     for r in main:
-        want = chosen[(r.data.tags["variant"], r.data.tags["scale"])]
+        want = chosen[(run_tag(r.data.tags, "variant"), run_tag(r.data.tags, "scale"))]
         assert float(r.data.params["lr"]) == want
         # logged every few steps, so the logged peak may sit just past the schedule's peak; the
         # grid's points are 3x apart

@@ -44,7 +44,7 @@ def test_a_study_trains_on_nodes_the_autoscaler_adds_and_they_go_when_idle(autos
     assert p.returncode == 0, err[-3000:]
     assert "cluster can grow to 3 node(s)" in err, err[-3000:]
     client, runs = study_runs(tmp_path, "grow")
-    assert len(runs) == 2 and {r.data.tags["status"] for r in runs.values()} == {"finished"}
+    assert len(runs) == 2 and {r.data.tags["qkstudy.status"] for r in runs.values()} == {"finished"}
     for r in runs.values():
         assert_every_step_once(steps(client, r.info.run_id), N_STEPS)
     log = _monitor_log(c)

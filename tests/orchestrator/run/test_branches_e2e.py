@@ -47,15 +47,15 @@ def test_branched_study_trains_trunk_and_cooldowns_resumes_and_keeps_nothing(tmp
     plan = {r["run_id"]: r for r in plan_json(spec)}
     c, runs = study_runs(tmp_path, "branched")
     assert sorted(runs) == sorted(plan)
-    by_extend = {float(r.data.tags["extend"]): r for r in runs.values() if r.data.tags["variant"] == "standard"}
+    by_extend = {float(r.data.tags["qkstudy.extend"]): r for r in runs.values() if r.data.tags["qkstudy.variant"] == "standard"}
     trunk = by_extend[2.0]
-    assert trunk.data.tags["restarts"] == "1"  # the kill landed in the trunk, which resumed
+    assert trunk.data.tags["qkstudy.restarts"] == "1"  # the kill landed in the trunk, which resumed
     for e, steps, b in ((1.0, 20, 16), (1.5, 30, 24), (2.0, 40, 32)):
         r = by_extend[e]
-        assert r.data.tags["status"] == "finished" and r.data.tags["branch_step"] == str(b)
-        assert r.data.tags["trunk"] == trunk.data.tags["run_id"]
+        assert r.data.tags["qkstudy.status"] == "finished" and r.data.tags["qkstudy.branch_step"] == str(b)
+        assert r.data.tags["qkstudy.trunk"] == trunk.data.tags["qkstudy.run_id"]
         if r is not trunk:  # a branch's start at its branch point is no restart
-            assert r.data.tags["branched_at_tokens"] == str(b * TPS) and "restarts" not in r.data.tags
+            assert r.data.tags["qkstudy.branched_at_tokens"] == str(b * TPS) and "qkstudy.restarts" not in r.data.tags
         loss = _hist(c, r.info.run_id, "train/loss")
         assert sorted(loss) == [TPS * i for i in range(1, steps + 1)]  # from the first step, each once
         lr, peak = _hist(c, r.info.run_id, "lr"), float(r.data.params["lr"])

@@ -4,6 +4,7 @@ MLflow, and resubmitting trains nothing new; a plug-in variant's study travels w
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,18 +72,20 @@ def test_submit_to_two_node_cluster_then_resubmit(cluster):
     (study_dir / "cluster.yaml").write_text(SPEC.format(workdir=tmp / "work"))
     env = {**env, "QKSTUDY_CACHE": str(tmp / "cache")}
 
-    # First submission uploads the working dir (the spec's folder) as a Ray package.
+    # First submission uploads the spec and the code packages (an allow-list) as a Ray package, and follows
+    # the job to its end: exit 0 when it succeeded, the job id on stdout's first line, its logs after.
     res = _qk("submit", "cluster.yaml", "--address", url, cwd=study_dir, env=env)
-    assert res.returncode == 0, res.stderr
-    job_id = res.stdout.strip()
-    status, logs = _wait(url, job_id, env, study_dir)
-    assert status == "SUCCEEDED", logs[-4000:]
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    job_id, *logs = res.stdout.splitlines()
+    assert f"job {job_id}: SUCCEEDED" in res.stderr and re.search(r"uploading \d+ files", res.stderr)
+    assert _job_status(url, job_id, env) == "SUCCEEDED"
+    assert any("planned runs" in line for line in logs)
 
     c = MlflowClient(f"sqlite:///{tmp / 'work' / 'mlflow.db'}")
     exp = c.get_experiment_by_name("cluster")
     runs = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
-    assert sorted(r.data.tags["variant"] for r in runs) == ["coupled", "standard"]
-    assert all(r.data.tags["status"] == "finished" and r.data.metrics["tokens"] == 10240 for r in runs)
+    assert sorted(r.data.tags["qkstudy.variant"] for r in runs) == ["coupled", "standard"]
+    assert all(r.data.tags["qkstudy.status"] == "finished" and r.data.metrics["tokens"] == 10240 for r in runs)
 
     st = json.loads(
         _qk(
@@ -101,7 +104,7 @@ def test_submit_to_two_node_cluster_then_resubmit(cluster):
     assert [j["job_id"] for j in st["jobs"]] == [job_id]
 
     # The resubmission reads the spec in place (shared storage, code in the image): --no-upload.
-    res = _qk("submit", "cluster.yaml", "--address", url, "--no-upload", cwd=study_dir, env=env)
+    res = _qk("submit", "cluster.yaml", "--address", url, "--no-upload", "--no-wait", cwd=study_dir, env=env)
     status, logs = _wait(url, res.stdout.strip(), env, study_dir)
     assert status == "SUCCEEDED", logs[-4000:]
     assert "2 run(s) already finished in MLflow: skipped" in logs
@@ -127,13 +130,13 @@ def test_submit_a_plug_in_study_to_the_two_node_cluster(cluster):
     spec.update(name="plugin-cluster", plugins=["qkstudy_gated_qk"], variants=["standard", "gated_qk"])
     (upload / "exp" / "plug.yaml").write_text(yaml.safe_dump(spec))
     env = {**env, "QKSTUDY_CACHE": str(tmp / "cache")}
-    res = _qk("submit", "exp/plug.yaml", "--address", url, cwd=upload, env=env)
+    res = _qk("submit", "exp/plug.yaml", "--address", url, "--no-wait", cwd=upload, env=env)
     assert res.returncode == 0, res.stderr
     status, logs = _wait(url, res.stdout.strip(), env, upload)
     assert status == "SUCCEEDED", logs[-4000:]
     c = MlflowClient(f"sqlite:///{tmp / 'plugin-work' / 'mlflow.db'}")
     runs = c.search_runs([c.get_experiment_by_name("plugin-cluster").experiment_id], "tags.`qkstudy.kind` = 'train'")
-    by_variant = {r.data.tags["variant"]: r for r in runs}
+    by_variant = {r.data.tags["qkstudy.variant"]: r for r in runs}
     assert set(by_variant) == {"standard", "gated_qk"}
-    assert all(r.data.tags["status"] == "finished" and r.data.metrics["tokens"] == 10240 for r in runs)
+    assert all(r.data.tags["qkstudy.status"] == "finished" and r.data.metrics["tokens"] == 10240 for r in runs)
     assert by_variant["gated_qk"].data.params["plugin.module"] == "qkstudy_gated_qk"

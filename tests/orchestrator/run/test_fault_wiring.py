@@ -122,10 +122,10 @@ def test_a_stalled_step_is_recorded_with_section_and_stack_and_ends_the_process(
     guard.watchdog.stop()
     assert exits == [STALL_EXIT_CODE]
     r = client.get_run(mlflow_id)
-    assert r.data.tags["status"] == "failed" and r.info.status == "FAILED"
-    reason = r.data.tags["failure_reason"]
+    assert r.data.tags["qkstudy.status"] == "failed" and r.info.status == "FAILED"
+    reason = r.data.tags["qkstudy.failure_reason"]
     assert reason.startswith("no progress: section 'step' ran") and "stuck_in_allreduce" in reason
-    assert r.data.tags["stall.section"] == "step" and float(r.data.tags["stall.elapsed_s"]) >= 0.3
+    assert r.data.tags["qkstudy.stall.section"] == "step" and float(r.data.tags["qkstudy.stall.elapsed_s"]) >= 0.3
     stacks = (d / "artifacts" / mlflow_id / "artifacts" / "stall" / "stacks.txt").read_text()
     assert "<- stuck" in stacks and "stuck_in_allreduce" in stacks
     tps = run.train.tokens_per_step

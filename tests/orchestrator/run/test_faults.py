@@ -78,7 +78,7 @@ def test_two_drivers_at_once_train_each_run_exactly_once_and_a_waiter_finds_it_d
         repeated += len(logged) - len(set(logged))
         assert_every_step_once(logged, 20)
         assert len(c.get_metric_history(r.info.run_id, "final/val_loss")) == 1
-        assert r.data.tags["status"] == "finished" and "restarts" not in r.data.tags
+        assert r.data.tags["qkstudy.status"] == "finished" and "qkstudy.restarts" not in r.data.tags
     print(
         f"\n[two drivers] loser exit 2 naming pid {winner.pid}; steps repeated: {repeated}; "
         f"waiter (--wait, started {t_wait:.0f}) took the lease {t_waiter_done - t_winner_done:.1f} s after the holder ended"
@@ -133,11 +133,11 @@ def test_killed_driver_is_taken_over_at_once_and_resumes_with_no_repeated_step(t
     c, runs = study_runs(tmp_path, "killed")
     r = runs[run["run_id"]]
     assert_every_step_once(steps(c, r.info.run_id), steps_total)
-    assert r.data.tags["status"] == "finished" and r.data.tags.get("restarts") == "1", (r.data.tags, err[-3000:])
+    assert r.data.tags["qkstudy.status"] == "finished" and r.data.tags.get("qkstudy.restarts") == "1", (r.data.tags, err[-3000:])
     # From a checkpoint (every 30 steps), not from scratch. It can be past what MLflow showed at
     # the kill: the driver alone was killed, and its Ray workers train on (buffering their points)
     # until its reaper ends them a few seconds later; a checkpoint they register then is the newest.
-    resumed = int(r.data.tags["resumed_from_tokens"])
+    resumed = int(r.data.tags["qkstudy.resumed_from_tokens"])
     assert 0 < resumed < steps_total * TPS and resumed % (30 * TPS) == 0, resumed
     print(
         f"\n[kill -9] {len(logged_before)} steps in MLflow at the kill, resumed from step {resumed // TPS}: "
@@ -196,14 +196,14 @@ def test_blocked_step_fails_its_run_with_section_and_stack_and_the_study_goes_on
     assert code == 1, err[-3000:]  # one run failed
     c, runs = study_runs(d, "faulty")
     stuck, ok = runs[plan["extend"]["run_id"]], runs[plan["base"]["run_id"]]
-    assert ok.data.tags["status"] == "finished"
+    assert ok.data.tags["qkstudy.status"] == "finished"
     assert_every_step_once(steps(c, ok.info.run_id), 20)
-    assert stuck.data.tags["status"] == "failed" and stuck.info.status == "FAILED"
-    reason = stuck.data.tags["failure_reason"]
+    assert stuck.data.tags["qkstudy.status"] == "failed" and stuck.info.status == "FAILED"
+    reason = stuck.data.tags["qkstudy.failure_reason"]
     assert reason.startswith("no progress: section 'step' ran") and "past its 20 s bound" in reason, reason
     assert "in block" in reason and "<- stuck" in reason  # the stuck thread's stack, the hook on top
-    assert stuck.data.tags["stall.section"] == "step"
-    elapsed = float(stuck.data.tags["stall.elapsed_s"])
+    assert stuck.data.tags["qkstudy.stall.section"] == "step"
+    elapsed = float(stuck.data.tags["qkstudy.stall.elapsed_s"])
     assert 20 <= elapsed < 40
     stacks = Path(c.download_artifacts(stuck.info.run_id, "stall/stacks.txt", str(d)))
     assert "threading.Event().wait()" in stacks.read_text()
@@ -219,7 +219,7 @@ def test_stale_extension_lock_is_cleared_and_said_in_the_log(faulty):
     assert not lock.exists()
     assert f"removed stale torch-extension build lock {lock}" in " ".join(err.split())
     c, runs = study_runs(d, "faulty")
-    assert runs[plan["base"]["run_id"]].data.tags["status"] == "finished"
+    assert runs[plan["base"]["run_id"]].data.tags["qkstudy.status"] == "finished"
 
 
 def test_eval_of_the_final_weights_gives_the_runs_final_val_loss_and_sample_prints_text(faulty):

@@ -39,7 +39,7 @@ def test_the_gate_stops_the_bad_arm_and_the_reference_trains_every_rung(tmp_path
     client = MlflowClient(study.tracking_uri)
     exp = client.get_experiment_by_name("gated")
     runs = client.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
-    trained = sorted((r.data.tags["variant"], r.data.tags["scale"], r.data.tags["status"]) for r in runs)
+    trained = sorted((r.data.tags["qkstudy.variant"], r.data.tags["qkstudy.scale"], r.data.tags["qkstudy.status"]) for r in runs)
     assert (
         trained == [("frozen", "tiny1", "finished")] * 3 + [("standard", "tiny1", "finished")] * 3 + [("standard", "tiny2", "finished")] * 3
     )

@@ -74,7 +74,7 @@ def test_losing_the_worker_node_mid_run_resumes_on_a_new_node_and_the_study_comp
     (study_dir / "nodeloss.yaml").write_text(SPEC.format(workdir=tmp / "work", tokens=STEPS * TPS))
     env = {**cluster.env, "QKSTUDY_CACHE": str(tmp / "cache")}
 
-    res = _qk("submit", "nodeloss.yaml", "--address", cluster.url, cwd=study_dir, env=env)
+    res = _qk("submit", "nodeloss.yaml", "--address", cluster.url, "--no-wait", cwd=study_dir, env=env)
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.strip()
     deadline = time.time() + 600
@@ -106,8 +106,8 @@ def test_losing_the_worker_node_mid_run_resumes_on_a_new_node_and_the_study_comp
     hist = c.get_metric_history(r.info.run_id, "train/loss")
     steps = [m.step for m in hist]
     assert steps == [TPS * i for i in range(1, STEPS + 1)], steps  # none twice, none lost
-    assert r.data.tags["status"] == "finished" and int(r.data.tags.get("restarts", "0")) >= 1, r.data.tags
-    resumed = int(r.data.tags["resumed_from_tokens"])
+    assert r.data.tags["qkstudy.status"] == "finished" and int(r.data.tags.get("qkstudy.restarts", "0")) >= 1, r.data.tags
+    resumed = int(r.data.tags["qkstudy.resumed_from_tokens"])
     # From a registered checkpoint, not from scratch, and none newer than MLflow showed at the
     # kill: a run flushes its points before it checkpoints, and the node's workers died with it
     # (``kill_node``: Ray workers outlive a process-group kill, as they did before, step 60).

@@ -43,9 +43,9 @@ def test_a_two_arm_plug_in_study_trains_and_reports(tmp_path, how):
     folder = tmp_path / "study" if how == "installed" else tmp_path
     study = train_study(folder, spec["name"], yaml.safe_dump(spec), **env)
     client, runs = study_runs(folder, spec["name"])
-    by_variant = {r.data.tags["variant"]: r for r in runs.values()}
+    by_variant = {r.data.tags["qkstudy.variant"]: r for r in runs.values()}
     assert set(by_variant) == {"standard", "gated_qk"}
-    assert all(r.data.tags["status"] == "finished" for r in runs.values())
+    assert all(r.data.tags["qkstudy.status"] == "finished" for r in runs.values())
     planned = {r["variant"]: r for r in study.plan}["gated_qk"]["plugin"]
     params = by_variant["gated_qk"].data.params
     assert params["plugin.module"] == PACKAGE and params["plugin.source_hash"] == planned["source_hash"]

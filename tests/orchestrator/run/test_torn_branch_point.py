@@ -61,7 +61,7 @@ def test_a_torn_branch_point_falls_back_to_the_trunks_earlier_one_and_says_so(tm
     first, err1 = _drive(spec, driver_env(QKSTUDY_TEST_KILL_AT_STEP=str(KILL_AT)))
     assert first.returncode == 1, err1[-3000:]  # the trunk's workers died
     c = sqlite_client(tmp_path, "tornbp")
-    (trunk_id,) = [k for k, r in train_runs(c, "tornbp").items() if r.data.tags.get("branch_step") == "16"]
+    (trunk_id,) = [k for k, r in train_runs(c, "tornbp").items() if r.data.tags.get("qkstudy.branch_step") == "16"]
     points = tmp_path / "runs/tornbp/ray/branch_points" / trunk_id
     assert sorted(p.name for p in points.iterdir()) == ["step-00000008", "step-00000012"]
     for d in points.iterdir():  # every rank's share has its manifest
@@ -81,12 +81,12 @@ def test_a_torn_branch_point_falls_back_to_the_trunks_earlier_one_and_says_so(tm
     )
     flat = " ".join(err.split())
     assert said in flat, flat[-3000:]
-    runs = {float(r.data.tags["extend"]): r for r in train_runs(c, "tornbp").values()}
+    runs = {float(r.data.tags["qkstudy.extend"]): r for r in train_runs(c, "tornbp").values()}
     trunk, x1, x15 = runs[2.0], runs[1.0], runs[1.5]
-    assert x1.data.tags["branch_point"] == "verified" and x1.data.tags["branched_at_tokens"] == str(8 * TPS)
-    assert x15.data.tags["branch_point"] == said and x15.data.tags["branched_at_tokens"] == str(8 * TPS)
+    assert x1.data.tags["qkstudy.branch_point"] == "verified" and x1.data.tags["qkstudy.branched_at_tokens"] == str(8 * TPS)
+    assert x15.data.tags["qkstudy.branch_point"] == said and x15.data.tags["qkstudy.branched_at_tokens"] == str(8 * TPS)
     for r, n in ((trunk, 20), (x1, 10), (x15, 15)):
-        assert r.data.tags["status"] == "finished" and r.data.tags.get("restarts") == ("1" if r is trunk else None)
+        assert r.data.tags["qkstudy.status"] == "finished" and r.data.tags.get("qkstudy.restarts") == ("1" if r is trunk else None)
         assert_every_step_once(steps(c, r.info.run_id), n)  # copied from the trunk, then its own: none twice
         for tokens, value in history(c, r.info.run_id, "lr"):  # its own WSD schedule at every step
             want = float(r.data.params["lr"]) * lr_multiplier(tokens // TPS - 1, n, 0, "wsd", 0.1, 0.2)

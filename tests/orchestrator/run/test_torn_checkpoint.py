@@ -107,9 +107,9 @@ def test_truncated_latest_checkpoint_resumes_from_the_previous_one_and_says_so(t
     assert said in flat, flat[-3000:]
     c, runs = study_runs(tmp_path, "torn")
     r = runs[run["run_id"]]
-    assert r.info.run_id == mlflow_id and r.data.tags["status"] == "finished" and r.info.status == "FINISHED"
-    assert r.data.tags["resume_fallback"] == said
-    assert r.data.tags["resumed_from_tokens"] == str(before * TPS) and r.data.tags["restarts"] == "1"
+    assert r.info.run_id == mlflow_id and r.data.tags["qkstudy.status"] == "finished" and r.info.status == "FINISHED"
+    assert r.data.tags["qkstudy.resume_fallback"] == said
+    assert r.data.tags["qkstudy.resumed_from_tokens"] == str(before * TPS) and r.data.tags["qkstudy.restarts"] == "1"
     assert_every_step_once(steps(c, mlflow_id), STEPS)
     assert len(c.get_metric_history(mlflow_id, "final/val_loss")) == 1
     assert steps(c, mlflow_id, "val/loss") == [TPS * i for i in range(10, STEPS + 1, 10)]

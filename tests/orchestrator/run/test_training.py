@@ -154,13 +154,13 @@ def test_divergent_run_fails_with_reason_and_study_finishes(local_ray, tmp_path)
     res = run_study(study, console=Console(quiet=True))
     c = MlflowClient(study_tracking_uri(study))
     exp = c.get_experiment_by_name("diverge")
-    runs = {r.data.tags["variant"]: r for r in c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")}
+    runs = {r.data.tags["qkstudy.variant"]: r for r in c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")}
     hot, ok = runs["hot"], runs["standard"]
-    assert hot.data.tags["status"] == "failed" and hot.info.status == "FAILED"
-    assert hot.data.tags["failure_reason"].startswith("non-finite")
-    failed_at = int(hot.data.tags["failed_at_tokens"])
+    assert hot.data.tags["qkstudy.status"] == "failed" and hot.info.status == "FAILED"
+    assert hot.data.tags["qkstudy.failure_reason"].startswith("non-finite")
+    failed_at = int(hot.data.tags["qkstudy.failed_at_tokens"])
     assert 0 < failed_at < 50 * 512
-    assert ok.data.tags["status"] == "finished" and ok.data.metrics["tokens"] == 50 * 512
+    assert ok.data.tags["qkstudy.status"] == "finished" and ok.data.metrics["tokens"] == 50 * 512
     assert not res.ok and sorted(res.status.values()) == ["failed", "finished"]
 
 
@@ -204,10 +204,10 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     # The restart really happened, from a checkpoint before the kill (checkpoints every 10
     # steps; Ray Train registers a reported checkpoint at its controller's next poll, so the
     # step-20 one may not be registered yet when the worker dies at step 25).
-    assert killed_run.data.tags["status"] == "finished"
-    assert killed_run.data.tags["restarts"] == "1"
-    assert killed_run.data.tags["resumed_from_tokens"] in (str(10 * 512), str(20 * 512))
-    assert "restarts" not in clean_run.data.tags
+    assert killed_run.data.tags["qkstudy.status"] == "finished"
+    assert killed_run.data.tags["qkstudy.restarts"] == "1"
+    assert killed_run.data.tags["qkstudy.resumed_from_tokens"] in (str(10 * 512), str(20 * 512))
+    assert "qkstudy.restarts" not in clean_run.data.tags
     # The time split counts the first attempt's steps (as of its checkpoint) too: its step
     # seconds track time/wall_s, which the checkpoint carries the same way.
     m = killed_run.data.metrics
@@ -236,8 +236,8 @@ def test_resubmitting_after_driver_killed_resumes(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     mlrun, steps = _history(f"sqlite:///{d / 'runs/resubmit/mlflow.db'}", "resubmit", "train/loss")
     assert [s for s, _ in steps] == [512 * i for i in range(1, 51)]
-    assert mlrun.data.tags["status"] == "finished" and mlrun.data.metrics["tokens"] == run.tokens
-    assert mlrun.data.tags["restarts"] == "1" and int(mlrun.data.tags["resumed_from_tokens"]) > 0
+    assert mlrun.data.tags["qkstudy.status"] == "finished" and mlrun.data.metrics["tokens"] == run.tokens
+    assert mlrun.data.tags["qkstudy.restarts"] == "1" and int(mlrun.data.tags["qkstudy.resumed_from_tokens"]) > 0
 
 
 def _study_file(tmp_path, name, runs_per_trainer):
@@ -278,14 +278,14 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
         exp = c.get_experiment_by_name("p")
         out = {}
         for r in c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'"):
-            out[r.data.tags["variant"]] = (r, [(m.step, m.value) for m in c.get_metric_history(r.info.run_id, "train/loss")])
+            out[r.data.tags["qkstudy.variant"]] = (r, [(m.step, m.value) for m in c.get_metric_history(r.info.run_id, "train/loss")])
         return out
 
     a, p = runs(alone), runs(packed)
-    assert p["coupled"][0].data.tags["restarts"] == "1"  # first in launch order: the one killed
-    assert "restarts" not in p["standard"][0].data.tags
+    assert p["coupled"][0].data.tags["qkstudy.restarts"] == "1"  # first in launch order: the one killed
+    assert "qkstudy.restarts" not in p["standard"][0].data.tags
     for v in ("standard", "coupled"):
-        assert p[v][0].data.tags["status"] == "finished"
+        assert p[v][0].data.tags["qkstudy.status"] == "finished"
         assert [s for s, _ in p[v][1]] == [512 * i for i in range(1, 51)]  # no gap, no repeat
         assert max(abs(x[1] - y[1]) for x, y in zip(p[v][1], a[v][1])) < 1e-5
         assert math.isclose(p[v][0].data.metrics["final/val_loss"], a[v][0].data.metrics["final/val_loss"], rel_tol=1e-5)

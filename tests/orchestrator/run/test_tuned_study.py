@@ -95,7 +95,7 @@ def tuned(tmp_path_factory, local_ray):
             [str(QKSTUDY), "run", str(d / "tune.yaml")], cwd=d, env=driver_env(), capture_output=True, text=True, timeout=600
         )
         seen["second_s"] = time.time() - t0
-        seen["records_after_second"] = sorted(r.data.tags["run_id"] for r in _records(uri, study_name))
+        seen["records_after_second"] = sorted(r.data.tags["qkstudy.run_id"] for r in _records(uri, study_name))
         return out
 
     mp = pytest.MonkeyPatch()
@@ -115,8 +115,8 @@ def test_the_edge_grid_extends_and_main_runs_train_at_the_argmin_below_unigram(t
     bar = math.log(float(exp.tags["qkstudy.unigram_ppl.stdlib"]))  # nats/token
     loss: dict[str, dict[float, float]] = {}
     for r in tuning:
-        assert r.data.tags["status"] == "finished" and r.info.run_name.startswith("tune-")
-        loss.setdefault(r.data.tags["variant"], {})[float(r.data.params["lr"])] = r.data.metrics["final/val_loss"]
+        assert r.data.tags["qkstudy.status"] == "finished" and r.info.run_name.startswith("tune-")
+        loss.setdefault(r.data.tags["qkstudy.variant"], {})[float(r.data.params["lr"])] = r.data.metrics["final/val_loss"]
     for variant, by_lr in loss.items():
         added = set(by_lr) - set(GRID)
         assert set(GRID) <= set(by_lr) and added and added <= EXTENDED, (variant, sorted(by_lr))
@@ -126,7 +126,7 @@ def test_the_edge_grid_extends_and_main_runs_train_at_the_argmin_below_unigram(t
         first = min(usable, key=lambda g: by_lr[g])
         assert float(f"{(first * RATIO if first == GRID[1] else first / RATIO):.4g}") in added, (variant, by_lr, bar)
     for r in main:
-        by_lr = loss[r.data.tags["variant"]]
+        by_lr = loss[r.data.tags["qkstudy.variant"]]
         usable = {g: x for g, x in by_lr.items() if x < bar}
         assert usable, (by_lr, bar)  # the test's runs are long enough to beat unigram somewhere
         best = min(usable, key=lambda g: usable[g])  # the argmin of the extended grid, computed here
@@ -148,11 +148,11 @@ def test_one_study_lease_spans_both_stages_and_a_second_driver_between_them_trai
     assert seen["records_after_second"] == sorted(seen["tuning_ids"])  # it registered and trained nothing
     # both stages ran, each run id trained exactly once (one MLflow record each, finished)
     records = _records(tuned.uri, "tune")
-    ids = [r.data.tags["run_id"] for r in records]
+    ids = [r.data.tags["qkstudy.run_id"] for r in records]
     n_tune = sum(r.data.tags["qkstudy.kind"] == "tune" for r in records)
     assert len(ids) == len(set(ids)) == n_tune + 2, ids
     assert sorted(r.data.tags["qkstudy.kind"] for r in records) == ["train"] * 2 + ["tune"] * n_tune
-    assert all(r.data.tags["status"] == "finished" for r in records)
+    assert all(r.data.tags["qkstudy.status"] == "finished" for r in records)
     assert tuned.result.ok and tuned.result.status == {i: "finished" for i in ids}, tuned.result.status
     assert read_lease(tuned.storage, STUDY_LEASE) is None  # released when the study returned
     print(f"second driver refused in {seen['second_s']:.1f} s")

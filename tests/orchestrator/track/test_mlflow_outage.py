@@ -196,7 +196,7 @@ def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server,
     flat = " ".join(err.split())
     assert "MLflow write failed" in flat and "keeping" in flat and "MLflow answers again after" in flat, flat[-3000:]
     r = client.get_run(mlflow_id)
-    assert r.data.tags["status"] == "finished" and r.info.status == "FINISHED" and "restarts" not in r.data.tags
+    assert r.data.tags["qkstudy.status"] == "finished" and r.info.status == "FINISHED" and "qkstudy.restarts" not in r.data.tags
     hist = [m.step for m in client.get_metric_history(mlflow_id, "train/loss")]
     assert hist == [TPS * i for i in range(1, steps + 1)], hist  # every point once: none lost, none twice
     assert [m.step for m in client.get_metric_history(mlflow_id, "val/loss")] == [TPS * i for i in range(20, steps + 1, 20)]
@@ -255,10 +255,10 @@ def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_res
         reap_driver(q)
     assert q.returncode == 0, err2[-3000:]
     r = client.get_run(mlflow_id)
-    assert r.data.tags["status"] == "finished" and r.data.tags["restarts"] == "1"
+    assert r.data.tags["qkstudy.status"] == "finished" and r.data.tags["qkstudy.restarts"] == "1"
     hist = [m.step for m in client.get_metric_history(mlflow_id, "train/loss")]
     assert hist == [TPS * i for i in range(1, steps + 1)], hist  # the kept points written by the resume: none lost, none twice
-    resumed = int(r.data.tags["resumed_from_tokens"]) // TPS
+    resumed = int(r.data.tags["qkstudy.resumed_from_tokens"]) // TPS
     print(
         f"\n[outage past bound] driver gave up {gave_up_s:.0f} s into the outage (bound 8 s) with {len(before)} points in "
         f"MLflow; resubmit resumed from step {resumed} and wrote the {resumed - len(before)} points the checkpoint kept: "

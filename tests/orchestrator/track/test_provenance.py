@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from orchestrator.plan.spec import load_spec
-from orchestrator.run.driver import submit
+from orchestrator.run.driver import submit, upload
 from orchestrator.track import provenance as P
 from orchestrator.track.tracking import client_for, create_run, ensure_experiment
 
@@ -38,8 +38,8 @@ def repo(tmp_path, monkeypatch):
     (r / "jobs" / "base").mkdir(parents=True)
     (r / "jobs" / "base" / "b.yaml").write_text("scales: [cpu-xs]\nbudget: {tokens: 40960}\n")
     (r / "jobs" / "s.yaml").write_text(
-        "extends: base/b.yaml\nname: prov\ndescription: does coupling help?\nvariants: [standard, coupled]\n"
-        "tracking_uri: postgresql://u:s3cr3t@db/mlflow\n"
+        "extends: base/b.yaml\nname: prov\ndescription: does coupling help? (was on postgresql://u:s3cr3t@db/mlflow)\n"
+        "variants: [standard, coupled]\n"
     )
     _git(r, "init", "-q")
     _git(r, "add", ".")
@@ -78,13 +78,13 @@ def test_gather_tags_code_user_version_spec_and_note(repo, monkeypatch):
     assert t[P.COMMIT_TAG] == _git(repo, "rev-parse", "HEAD") and t[P.DIRTY_TAG] == "false"
     assert t[P.SOURCE_TAG] == P.CHECKOUT and t["mlflow.source.type"] == "LOCAL"
     assert t["mlflow.user"] and t[P.VERSION_TAG] == P.qkstudy_version() != "unknown"
-    assert t[P.NOTE_TAG] == prov.note == "does coupling help?"
+    assert t[P.NOTE_TAG] == prov.note == "does coupling help? (was on postgresql://u:***@db/mlflow)"
     assert "torch==" in t["qkstudy.packages"] and "mlflow==" in t["qkstudy.packages"]
     assert "qkstudy.ray_job" not in t
     doc = yaml.safe_load(prov.artifacts[P.RESOLVED_ARTIFACT])
     assert [c["file"] for c in doc["extends_chain"]] == [str(spec), str(repo / "jobs" / "base" / "b.yaml")]
-    assert doc["resolved"]["budget"]["tokens"] == 40960 and doc["resolved"]["description"] == "does coupling help?"
-    assert "s3cr3t" not in prov.artifacts[P.RESOLVED_ARTIFACT]  # a tracking URI's password never reaches a store
+    assert doc["resolved"]["budget"]["tokens"] == 40960 and doc["resolved"]["description"] == prov.note
+    assert "s3cr3t" not in prov.artifacts[P.RESOLVED_ARTIFACT]  # a URI's password in free text never reaches a store
     assert any(line.startswith("torch==") for line in prov.artifacts[P.PACKAGES_ARTIFACT].splitlines())
     assert prov.code == t[P.COMMIT_TAG]
 
@@ -108,10 +108,17 @@ def test_no_checkout_no_commit_tag_and_no_spec_no_spec_tags(tmp_path):
     assert set(prov.artifacts) == {P.PACKAGES_ARTIFACT}
 
 
+def _code(folder: Path) -> Path:
+    """The code packages ``submit`` uploads, copied into ``folder`` (a checkout's or an install's)."""
+    for pkg in upload.CODE_PACKAGES:
+        shutil.copytree(P.CODE_ROOT / pkg, folder / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return folder
+
+
 def test_submit_passes_the_uploaded_checkouts_commit_and_dirty_flag(repo):
     spec = repo / "jobs" / "s.yaml"
-    (repo / "local.py").write_text("changed = True\n")  # uploaded, never committed
-    job = submit.build_job(spec, "http://127.0.0.1:8265", working_dir=repo, allow_ephemeral=True)
+    _code(repo)  # uploaded, never committed: the code is dirty
+    job = submit.build_job(spec, "http://127.0.0.1:8265", working_dir=repo, allow_ephemeral=True, code_root=repo)
     state = json.loads(job["runtime_env"]["env_vars"][P.SOURCE_ENV])
     assert state["commit"] == _git(repo, "rev-parse", "HEAD") and state["dirty"] is True
     assert state["source"] == P.UPLOAD and state["user"]
@@ -129,7 +136,8 @@ def test_submit_passes_the_uploaded_checkouts_commit_and_dirty_flag(repo):
 def test_submit_outside_a_checkout_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     (tmp_path / "s.yaml").write_text(SPEC)
-    job = submit.build_job(tmp_path / "s.yaml", "http://127.0.0.1:8265", working_dir=tmp_path, allow_ephemeral=True)
+    code = _code(tmp_path / "site")
+    job = submit.build_job(tmp_path / "s.yaml", "http://127.0.0.1:8265", working_dir=tmp_path, allow_ephemeral=True, code_root=code)
     assert json.loads(job["runtime_env"]["env_vars"][P.SOURCE_ENV])["source"] == P.NOT_A_CHECKOUT
 
 
@@ -163,8 +171,8 @@ def test_tags_are_set_at_creation_and_artifacts_logged(repo, tmp_path):
     mid = create_run(client, exp, run, {}, prov.tags)
     assert P.log_artifacts(client, mid, prov) is None
     rec = client.get_run(mid)
-    assert rec.data.tags["run_id"] == run.run_id  # provenance is beside the run's identity, not in it
+    assert rec.data.tags["qkstudy.run_id"] == run.run_id  # provenance is beside the run's identity, not in it
     assert {k: rec.data.tags[k] for k in prov.tags} == prov.tags
-    assert client.get_experiment(exp).tags[P.NOTE_TAG] == "does coupling help?"
+    assert client.get_experiment(exp).tags[P.NOTE_TAG] == "does coupling help? (was on postgresql://u:***@db/mlflow)"
     got = client.download_artifacts(mid, P.RESOLVED_ARTIFACT, str(tmp_path / "got"))
     assert yaml.safe_load(Path(got).read_text())["resolved"]["name"] == "prov"
