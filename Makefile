@@ -5,20 +5,24 @@ SHELL  := /bin/bash
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Every version comes from constraints.txt (the lock; `make lock` regenerates it).
+# Every version comes from the lock: requirements.lock (pip-tools, a sha256 for every distribution,
+# torch's CPU wheel included, so no CUDA build can slip in) and constraints.txt, its pins without
+# hashes (torch's public version) for the wheelhouse, the images, lint and the audit. `make lock`
+# regenerates both.
 LOCK   := constraints.txt
-# CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-TORCH_PIN ?= $(shell grep -m1 '^torch==' $(LOCK))
+HASHED_LOCK := requirements.lock
 
-.PHONY: install demo test test-unit test-slow test-stack bench lint clean lock evidence base-image wheelhouse images images-unlocked stack-up stack-down
+.PHONY: install demo test test-unit test-slow test-stack bench lint clean lock lock-gpu audit evidence base-image wheelhouse images images-unlocked stack-up stack-down
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml $(LOCK)
+# The whole environment from the hashed lock (--require-hashes: a download whose sha256 the lock
+# does not list fails the install), then the project itself, editable, without build isolation
+# (setuptools and wheel are locked too) and without dependencies (all installed already).
+$(STAMP): pyproject.toml $(LOCK) $(HASHED_LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -c $(LOCK) pip
-	$(BIN)/python -m pip install -q -c $(LOCK) $(TORCH_PIN)
-	$(BIN)/python -m pip install -q -c $(LOCK) -e '.[dev]'
+	$(BIN)/python -m pip install -q --require-hashes -c $(LOCK) -r $(HASHED_LOCK)
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -c $(LOCK) -e '.[dev]'
 	$(BIN)/python -m orchestrator.run.ext_lock --prebuild
 	touch $(STAMP)
 
@@ -90,10 +94,58 @@ lint: install
 	$(BIN)/ruff format --check model data_pipeline orchestrator tests benchmarks
 	$(BIN)/mypy
 
-# The lock from the venv `make test` passed in (torch without its +cpu/+cuXXX build tag).
+# The lock, compiled by pip-tools from pyproject.toml (dependencies, server and dev extras) and the
+# tool lists requirements-lint.txt, requirements-audit.txt, with this machine's pip configuration
+# (pip-compile reads it as pip does: find-links /opt/wheels holds torch's CPU build, so its hash is
+# that wheel's). The pins already in requirements.lock are kept; UPGRADE=1 moves every package to
+# its newest release the ranges allow, UPGRADE=PKG one package. constraints.txt is then rewritten
+# as the lock's pins (its header kept, torch without its +cpu build tag). Needs PyPI.
+UPGRADE ?=
 lock: install
-	{ sed -n '1,/^# Regenerate/p' $(LOCK); $(BIN)/python -m pip freeze --all --exclude-editable \
-	  | grep -v '^#' | sed -E 's/^torch==([0-9.]+)\+.*/torch==\1/'; } > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK)
+	$(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
+	  $(if $(filter 1,$(UPGRADE)),--upgrade,$(if $(UPGRADE),--upgrade-package $(UPGRADE))) \
+	  --extra server --extra dev -o $(HASHED_LOCK) pyproject.toml requirements-audit.txt requirements-lint.txt
+	{ sed -n '1,/^# Regenerate/p' $(LOCK); grep -E '^[A-Za-z0-9]' $(HASHED_LOCK) \
+	  | sed -E 's/[ ;].*//; s/^torch==([0-9.]+)\+.*/torch==\1/'; } > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK)
+
+# The GPU image's lock (CUDA torch, nvidia-*, triton with their hashes), for the wheelhouse of
+# GPU=1. Runs only where TORCH_INDEX_URL answers (not on the CI machine) and on the images' Python
+# (GPU_LOCK_PYTHON, 3.12 on Ubuntu 24.04, Linux x86_64): pip-compile resolves for the interpreter
+# that runs it. Pins start from constraints.txt's, so CPU and GPU share every version but torch's
+# build (torch==2.13.0 resolves to the index's 2.13.0+cu128); the result, requirements-gpu.lock,
+# is to be committed beside requirements.lock, and docker/wheelhouse.sh checks the GPU wheelhouse
+# against it.
+GPU_LOCK_PYTHON ?= python3.12
+GPU_LOCK_VENV   ?= build/lock-gpu-venv
+lock-gpu:
+	test -x $(GPU_LOCK_VENV)/bin/python || $(GPU_LOCK_PYTHON) -m venv $(GPU_LOCK_VENV)
+	$(GPU_LOCK_VENV)/bin/python -m pip install -q -c $(LOCK) pip-tools
+	test -f requirements-gpu.lock || grep -v '^#' $(LOCK) > requirements-gpu.lock
+	$(GPU_LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
+	  --no-emit-find-links --extra-index-url $${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cu128} \
+	  --extra server -o requirements-gpu.lock pyproject.toml
+
+# `make audit`: pip-audit checks every pin of the lock (constraints.txt: requirements.lock's
+# versions; torch 2.13.0+cpu is looked up as 2.13.0) against the advisories of AUDIT_SERVICE
+# (pypi: PyPI's JSON API, one request per release; osv: osv.dev). --strict: a package it could not
+# look up fails the audit as a vulnerability does. A service that does not answer fails first, in
+# seconds, naming it (AUDIT_PROBE: a known-vulnerable release, so an answer that lacks advisories
+# is caught too); AUDIT_UNREACHABLE=warn (.ci/run) makes that case a warning that nothing was
+# audited. AUDIT_REQS audits another pinned list (tests/test_audit.py: the negative control).
+AUDIT_SERVICE     ?= pypi
+AUDIT_REQS        ?= $(LOCK)
+AUDIT_UNREACHABLE ?= fail
+AUDIT_PROBE_pypi  := https://pypi.org/pypi/torch/2.5.1/json
+AUDIT_PROBE_osv   := https://api.osv.dev/v1/vulns/GHSA-53q9-r3pm-6pq6
+AUDIT_PROBE       ?= $(AUDIT_PROBE_$(AUDIT_SERVICE))
+audit: install
+	@if ! err=$$(curl -fsS --max-time 15 -o /dev/null '$(AUDIT_PROBE)' 2>&1); then \
+	  msg="the vulnerability service ($(AUDIT_SERVICE)) does not answer from here ($(AUDIT_PROBE): $$err): $(AUDIT_REQS) was NOT audited"; \
+	  if [ "$(AUDIT_UNREACHABLE)" = warn ]; then echo "warning: $$msg" >&2; exit 0; fi; \
+	  echo "error: $$msg (AUDIT_SERVICE=osv or pypi picks the other)" >&2; exit 1; \
+	fi; \
+	$(BIN)/pip-audit --strict --disable-pip --no-deps --progress-spinner off --aliases on --timeout 30 \
+	  -s $(AUDIT_SERVICE) -r $(AUDIT_REQS)
 
 # --- Images and the compose stack (docker/README.md) ------------------------------------------
 # CPU by default (Debian bookworm from debootstrap, this machine's torch); GPU=1: CUDA base,
@@ -103,7 +155,10 @@ IMAGE_TAG      ?= latest
 SERVICE_BASE   ?= qkstudy-base:bookworm
 export DOCKER_BUILDKIT ?= 0
 ifeq ($(GPU),1)
-BASE_IMAGE     ?= nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# Pinned by digest (the tag is re-pushed with updates): the multi-platform index digest of that tag
+# as public Dockerfiles pin it (not checked against the registry from here: none is reachable;
+# a pull verifies the content against it, so a wrong one fails loudly).
+BASE_IMAGE     ?= nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04@sha256:ac55d124da4882b497f732d8dfd9a702d5447a5f29d08d56da6f64f0a1eb34bc
 DS_ACCELERATOR ?= cuda
 TRAIN_WHEELS   ?= build/wheelhouse-gpu
 TRAIN_WHEEL_ENV = WHEEL_PYTHON=$${WHEEL_PYTHON:-3.12} TORCH_INDEX_URL=$${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cu128}
@@ -140,9 +195,19 @@ images-unlocked: base-image wheelhouse
 	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg DS_ACCELERATOR=$(DS_ACCELERATOR) \
 	  --build-arg WHEELHOUSE=$(TRAIN_WHEELS) -t qkstudy:$(IMAGE_TAG) .
 
-# ENV_FILE (default docker/.env), WORKERS=N (CPU Ray workers), GPU=1, KEEP_DATA=1: docker/stack.sh.
+# ENV_FILE (default docker/.env), WORKERS=N (CPU Ray workers), GPU=1; stack-down keeps the
+# volumes, PURGE=1 deletes them (all data): docker/stack.sh.
 stack-up: images
 	GPU=$(GPU) docker/stack.sh up
 
 stack-down:
 	GPU=$(GPU) docker/stack.sh down
+
+# make backup BACKUP_DIR=DIR (stack up): Postgres dump + MLflow artifacts, MLflow users and the
+# shared volume; make restore BACKUP_DIR=DIR into a purged or new stack (ENV_FILE as above).
+.PHONY: backup restore
+backup:
+	BACKUP_DIR="$(BACKUP_DIR)" docker/backup.sh backup
+
+restore:
+	BACKUP_DIR="$(BACKUP_DIR)" docker/backup.sh restore

@@ -3,11 +3,13 @@
 #
 #   docker/stack.sh up     check the env file's secrets, start every service, wait until all
 #                          are healthy and every Ray worker has joined; print where things are
-#   docker/stack.sh down   remove the containers, the network and (unless KEEP_DATA=1) the
-#                          volumes: shards, checkpoints, MLflow's database and artifacts
+#   docker/stack.sh down   remove the containers and the networks; the volumes (shards,
+#                          checkpoints, MLflow's database, artifacts and users) stay for the
+#                          next up. PURGE=1 deletes them too: all data (make backup first)
 #
 # Env: ENV_FILE (default docker/.env), WORKERS (CPU Ray workers, default 1), GPU=1 (add
-# docker/compose.gpu.yaml: one worker holding all GPUs), KEEP_DATA=1 (down keeps volumes),
+# docker/compose.gpu.yaml: one worker holding all GPUs), PURGE=1 (down deletes the volumes;
+# KEEP_DATA=1, the old opt-in to keeping them, is accepted and changes nothing),
 # UP_TIMEOUT_S (default 600). Exit 2 on a bad env file or option, 1 when the stack fails to
 # come up (its services' last log lines are printed).
 set -euo pipefail
@@ -58,12 +60,19 @@ read -r -a cli <<<"$(compose_cli)"
 dc=("${cli[@]}" -p "$project" --env-file "$env_file" "${files[@]}")
 
 if [ "$action" = down ]; then
-  keep=(--volumes)
-  [ "${KEEP_DATA:-0}" = 1 ] && keep=()
-  "${dc[@]}" down --remove-orphans "${keep[@]}" --timeout 20
+  case "${PURGE:-0}" in
+    1) purge=(--volumes) ;;
+    0 | "") purge=() ;;
+    *) echo "error: PURGE=${PURGE}: expected 1 (delete the volumes) or 0" >&2; exit 2 ;;
+  esac
+  "${dc[@]}" down --remove-orphans "${purge[@]}" --timeout 20
   left=$(docker ps -aq --filter "label=com.docker.compose.project=$project")
   [ -z "$left" ] || { echo "error: containers left: $left" >&2; exit 1; }
-  echo "stack $project down${keep:+ (volumes removed)}"
+  if [ "${#purge[@]}" -gt 0 ]; then
+    echo "stack $project down (volumes deleted)"
+  else
+    echo "stack $project down (volumes kept for the next stack-up; PURGE=1 deletes them)"
+  fi
   exit 0
 fi
 

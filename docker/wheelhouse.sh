@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make wheelhouse`: every distribution the images install, fetched by pip on the host with the
-# pins of constraints.txt, into build/wheelhouse/ (inside the build context, outside git and
-# outside Ray's job upload: build/ is gitignored). The image builds then run pip with
+# pins of constraints.txt and checked against the hashes of requirements.lock, into
+# build/wheelhouse/ (inside the build context, outside git and outside Ray's job upload: build/
+# is gitignored). The image builds then run pip with
 # --no-index against it: same versions as the tested environment, and offline builds work.
 #
 #   docker/wheelhouse.sh                       CPU flavour: this machine's Python and torch build
@@ -53,6 +54,29 @@ trap 'rm -f "$reqs"' EXIT
 cat "$tmp/deepspeed-requirements.txt" >>"$reqs"
 printf 'pip\nsetuptools\n' >>"$reqs"
 "$py" -m pip download -q --prefer-binary "${target[@]}" "${index[@]}" -c "$lock" -r "$reqs" -d "$tmp"
+
+# 3. Every file fetched must carry a sha256 of the hashed lock of its flavour: requirements.lock
+#    (make lock) for the CPU wheelhouse, requirements-gpu.lock (make lock-gpu) for one with
+#    TORCH_INDEX_URL; without that file the GPU wheelhouse is pinned by version only (a warning).
+hashed=requirements.lock
+[ -n "${TORCH_INDEX_URL:-}" ] && hashed=requirements-gpu.lock
+if [ -f "$hashed" ]; then
+  "$py" - "$hashed" "$tmp" <<'EOF'
+import hashlib
+import re
+import sys
+from pathlib import Path
+
+known = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", Path(sys.argv[1]).read_text()))
+files = [f for f in sorted(Path(sys.argv[2]).iterdir()) if f.name.endswith((".whl", ".tar.gz", ".zip"))]
+bad = [f.name for f in files if hashlib.sha256(f.read_bytes()).hexdigest() not in known]
+if bad:
+    sys.exit(f"error: {len(bad)} of {len(files)} downloaded files have no sha256 in {sys.argv[1]} (make lock): {' '.join(bad)}")
+print(f"wheelhouse: all {len(files)} files match a sha256 of {sys.argv[1]}")
+EOF
+else
+  echo "warning: no $hashed (make lock-gpu, where $TORCH_INDEX_URL answers): this wheelhouse is pinned by version, not by hash" >&2
+fi
 
 cp "$lock" "$tmp/constraints.txt"
 rm -rf "$out"

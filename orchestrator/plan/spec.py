@@ -40,8 +40,8 @@ from orchestrator.plan.specfile import (
     validation_problems,
 )
 from orchestrator.plan.tracking_uri import tracking_uri_problem
-from orchestrator.plan.uri_secrets import credentials_problem
 from orchestrator.plan.tuning import TuneSpec
+from orchestrator.plan.uri_secrets import credentials_problem
 
 __all__ = [
     "SpecError",

@@ -236,3 +236,95 @@ def test_scaling_gpu_workers_on_one_host_is_refused(tmp_path: Path) -> None:
         timeout=60,
     )
     assert res.returncode == 2 and "holds all of its host's GPUs" in res.stderr, res.stderr
+
+
+def networks_of(service: dict) -> set[str]:
+    nets = service.get("networks") or {}
+    return set(nets) if isinstance(nets, (dict, list)) else set()
+
+
+def test_postgres_is_on_an_internal_network_the_ray_nodes_are_not_on(config: dict) -> None:
+    """The Ray containers run users' code: they reach MLflow (frontend), never Postgres
+    (backend, internal: no route out either). tests/docker/test_stack.py checks it live."""
+    nets, services = config["networks"], config["services"]
+    assert nets["backend"].get("internal") is True
+    assert not (nets.get("frontend") or {}).get("internal")
+    on_backend = {name for name, svc in services.items() if "backend" in networks_of(svc)}
+    assert on_backend == {"mlflow", "postgres"}
+    assert networks_of(services["postgres"]) == {"backend"}
+    assert networks_of(services["mlflow"]) == {"frontend", "backend"}  # its published port: frontend
+    for name in (*RAY_NODES, "mlflow-users"):
+        assert networks_of(services[name]) == {"frontend"}, name
+
+
+def test_mlflow_connects_as_a_role_that_is_no_superuser() -> None:
+    """docker/postgres/entrypoint.sh: the superuser `postgres` has no password (peer, socket
+    only); POSTGRES_USER owns the database without superuser rights; pg_hba.conf admits it over
+    TCP to its database from the backend network only (no `host all all all`)."""
+    script = (DOCKER / "postgres" / "entrypoint.sh").read_text()
+    assert "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE" in script and "OWNER $role" in script
+    assert "--pwfile" not in script and "-U postgres" in script
+    hba = script.split('cat >"$PGDATA/pg_hba.conf" <<EOF', 1)[1].split("\nEOF\n", 1)[0]
+    rules = [line.split() for line in hba.splitlines() if line.strip() and not line.startswith("#")]
+    assert rules == [
+        ["local", "all", "postgres", "peer"],
+        ["local", "$(ident", '"$db")', "$role", "scram-sha-256"],
+        ["host", "$(ident", '"$db")', "$role", "samenet", "scram-sha-256"],
+    ]
+
+
+def test_every_container_is_hardened(compose: list[str], config: dict) -> None:
+    for name, svc in config["services"].items():
+        assert svc.get("cap_drop") == ["ALL"] and not svc.get("cap_add"), name  # all run as non-root uids
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert svc.get("mem_limit") and int(svc.get("pids_limit", 0)) > 0, name
+        assert svc["logging"]["driver"] == "json-file", name
+        assert svc["logging"]["options"]["max-size"] and int(svc["logging"]["options"]["max-file"]) >= 2, name
+        assert not svc.get("privileged") and not svc.get("read_only"), name
+    for node in RAY_NODES:  # the object store's /dev/shm stays (its size counts toward mem_limit)
+        assert config["services"][node]["shm_size"]
+    result = render(compose, ENV_EXAMPLE, COMPOSE, GPU)
+    assert result.returncode == 0, result.stderr
+    worker = yaml.safe_load(result.stdout)["services"]["ray-worker"]
+    assert worker["cap_drop"] == ["ALL"] and worker["mem_limit"] and worker["shm_size"]
+
+
+def run_script(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*argv], env={**os.environ, **env}, capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
+def test_restore_refuses_a_missing_or_partial_backup(tmp_path: Path) -> None:
+    """docker/backup.sh checks the folder before it touches docker: exit 2, saying why."""
+    script = str(DOCKER / "backup.sh")
+    env_file = tmp_path / "s.env"
+    env_file.write_text(f"COMPOSE_PROJECT_NAME=qkstudy-none-{os.getpid()}\n")
+    env = {"ENV_FILE": str(env_file)}
+    res = run_script(script, "restore", env=env)
+    assert res.returncode == 2 and "set BACKUP_DIR" in res.stderr
+    res = run_script(script, "restore", env={**env, "BACKUP_DIR": str(tmp_path / "nowhere")})
+    assert res.returncode == 2 and "no such backup folder" in res.stderr
+    backup = tmp_path / "b"
+    backup.mkdir()
+    (backup / "postgres.dump").write_bytes(b"x")
+    res = run_script(script, "restore", env={**env, "BACKUP_DIR": str(backup)})
+    assert res.returncode == 2 and "no SHA256SUMS" in res.stderr and "partial" in res.stderr
+    files = ("postgres.dump", "mlflow-artifacts.tar.gz", "mlflow-auth.tar.gz", "qkstudy-shared.tar.gz")
+    for f in files[1:]:
+        (backup / f).write_bytes(b"y")
+    sums = subprocess.run(["sha256sum", *files], cwd=backup, capture_output=True, text=True, check=True).stdout
+    (backup / "SHA256SUMS").write_text(sums)
+    (backup / "mlflow-auth.tar.gz").unlink()
+    res = run_script(script, "restore", env={**env, "BACKUP_DIR": str(backup)})
+    assert res.returncode == 2 and "mlflow-auth.tar.gz missing" in res.stderr
+    (backup / "mlflow-auth.tar.gz").write_bytes(b"changed")
+    res = run_script(script, "restore", env={**env, "BACKUP_DIR": str(backup)})
+    assert res.returncode == 2 and "does not match SHA256SUMS" in res.stderr
+    res = run_script(script, "backup", env={**env, "BACKUP_DIR": str(backup)})  # never over a backup
+    assert res.returncode == 2 and "already holds a backup" in res.stderr
+
+
+def test_down_keeps_the_volumes_unless_purge() -> None:
+    """`make stack-down` keeps the data; PURGE=1 deletes it (the only path to `down --volumes`)."""
+    script = (DOCKER / "stack.sh").read_text()
+    assert script.count("--volumes") == 1 and "1) purge=(--volumes) ;;" in script
+    assert "KEEP_DATA" not in (REPO / "Makefile").read_text()

@@ -3,7 +3,10 @@ stack on one machine"): `make stack-up` (images from the debootstrap base, cache
 submit` a small study to the head's Job Submission API, `qkstudy status` / `qkstudy logs`
 against it, the Ray worker container killed mid-run and started again (the run resumes from
 its checkpoint on shared storage, no metric step twice), `qkstudy report --tracking-uri` the
-stack's MLflow server, a resubmit that trains nothing, `make stack-down` leaving nothing.
+stack's MLflow server, a resubmit that trains nothing; the containers' hardening and networks
+(Postgres unreachable from a Ray node); `make backup`, `make stack-down` keeping the volumes,
+`make stack-down PURGE=1`, `make restore`, `make stack-up` giving the same report and files
+(the module's only second bring-up); `make stack-down PURGE=1` leaving nothing.
 
 One module-scoped stack, its own compose project, fresh secrets and free ports: it never
 touches a stack the user runs. Wall-clock on the 2-core dev machine (shared): see the
@@ -23,6 +26,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from orchestrator.track.tracking import run_tags
 
 # The module fixture builds the images when .ci/run's background build has not (cold: minutes)
 # and runs the study: more than `make test`'s per-test --timeout=1200. Marked `stack`: pytest
@@ -133,6 +138,7 @@ def stack(docker_engine, tmp_path_factory):
         "dashboard": f"http://127.0.0.1:{ports['RAY_DASHBOARD_PORT']}",
         "mlflow": f"http://127.0.0.1:{ports['MLFLOW_PORT']}",
         "values": example,
+        "make_env": env,
     }
     # The user's shell: Ray token for submit/status/logs, the MLflow admin for status/report.
     info["env"] = {
@@ -158,7 +164,7 @@ def stack(docker_engine, tmp_path_factory):
         assert res.returncode == 0, res.stdout
         yield info
     finally:
-        res = timed("make stack-down", run, ["make", "stack-down", f"ENV_FILE={env_file}"], env=env, timeout=300)
+        res = timed("make stack-down PURGE=1", run, ["make", "stack-down", "PURGE=1", f"ENV_FILE={env_file}"], env=env, timeout=300)
         left = project_objects(docker_engine, project)
         for k, v in saved.items():  # mlflow_client() set the admin account for this module only
             if v is None:
@@ -169,6 +175,41 @@ def stack(docker_engine, tmp_path_factory):
         print(f"\nstack timings (s): {json.dumps(TIMINGS)}")
         assert res.returncode == 0, res.stdout + res.stderr
         assert left == {"containers": [], "networks": [], "volumes": []}, left
+
+
+def test_containers_are_hardened_and_ray_cannot_reach_postgres(stack) -> None:
+    """From `docker inspect`: no capabilities, no-new-privileges, memory and pids limits, rotated
+    json-file logs (Ray keeps its shm). From a Ray worker: MLflow answers, Postgres does not
+    even resolve (it is on the internal backend network only). MLflow's role is no superuser."""
+    docker = stack["docker"]
+    for service in ("ray-head", "ray-worker", "mlflow", "mlflow-users", "postgres"):
+        out = subprocess.run(
+            [docker, "inspect", "--format", "{{json .HostConfig}}", container(stack, service)], capture_output=True, text=True, check=True
+        ).stdout
+        hc = json.loads(out)
+        assert hc["CapDrop"] == ["ALL"] and not hc["CapAdd"] and not hc["Privileged"], (service, hc["CapDrop"], hc["CapAdd"])
+        assert "no-new-privileges:true" in hc["SecurityOpt"], service
+        assert hc["Memory"] > 0 and hc["PidsLimit"] > 0, service
+        assert hc["LogConfig"]["Type"] == "json-file" and hc["LogConfig"]["Config"]["max-size"] == "10m", service
+        if service.startswith("ray-"):
+            assert hc["ShmSize"] >= 2**30, service  # RAY_SHM_SIZE=1gb here
+    probe = """
+import socket, urllib.request
+try:
+    socket.create_connection(("postgres", 5432), timeout=5).close()
+    print("postgres: reachable")
+except OSError as e:
+    print("postgres: unreachable", type(e).__name__)
+print("mlflow:", urllib.request.urlopen("http://mlflow:5000/health", timeout=10).status)
+"""
+    res = subprocess.run(
+        [docker, "exec", container(stack, "ray-worker"), "python3", "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert "postgres: unreachable gaierror" in res.stdout and "mlflow: 200" in res.stdout, res.stdout
+    sql = ["psql", "-tAc", f"SELECT rolsuper FROM pg_roles WHERE rolname = '{stack['values']['POSTGRES_USER']}'"]
+    res = subprocess.run([docker, "exec", container(stack, "postgres"), *sql], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "f", res.stdout + res.stderr
 
 
 def qk(stack: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -238,7 +279,7 @@ def study(stack):
     (stack["tmp"] / "study.yaml").write_text(SPEC)
     plan = json.loads(qk(stack, "plan", "study.yaml", "--json").stdout)
     t0 = time.monotonic()
-    res = qk(stack, "submit", "study.yaml", "--address", stack["dashboard"])
+    res = qk(stack, "submit", "study.yaml", "--address", stack["dashboard"], "--no-wait")
     assert res.returncode == 0, res.stdout + res.stderr
     job_id = res.stdout.strip().splitlines()[-1]
     client = mlflow_client(stack)
@@ -248,12 +289,12 @@ def study(stack):
         if killed:
             return
         for r in train_runs(client):
-            planned = next(p["tokens"] for p in plan if key(p) == key(r.data.tags))
+            planned = next(p["tokens"] for p in plan if key(p) == key(run_tags(r.data.tags)))
             ckpt = client.get_metric_history(r.info.run_id, "checkpoint/bytes")
             if r.info.status == "RUNNING" and ckpt and ckpt[-1].step < planned:
                 worker = container(stack, "ray-worker")
                 subprocess.run([stack["docker"], "kill", worker], check=True, capture_output=True)
-                killed[key(r.data.tags)] = ckpt[-1].step  # tokens of the checkpoint it must resume from
+                killed[key(run_tags(r.data.tags))] = ckpt[-1].step  # tokens of the checkpoint it must resume from
                 time.sleep(10)  # the node is gone: Ray notices and the trainer waits for resources
                 subprocess.run([stack["docker"], "start", worker], check=True, capture_output=True)
                 TIMINGS["killed at (s after submit)"] = round(time.monotonic() - t0, 1)
@@ -278,12 +319,12 @@ def test_every_planned_run_finished_once_at_its_tokens(study) -> None:
     stack, _, _, plan, _ = study
     client = mlflow_client(stack)
     runs = train_runs(client)
-    assert sorted(key(r.data.tags) for r in runs) == sorted(key(p) for p in plan)  # one per planned run
-    assert len({r.data.tags["run_id"] for r in runs}) == len(plan)
-    by_key = {key(r.data.tags): r for r in runs}
+    assert sorted(key(run_tags(r.data.tags)) for r in runs) == sorted(key(p) for p in plan)  # one per planned run
+    assert len({r.data.tags["qkstudy.run_id"] for r in runs}) == len(plan)
+    by_key = {key(run_tags(r.data.tags)): r for r in runs}
     for p in plan:
         r = by_key[key(p)]
-        assert r.info.status == "FINISHED" and r.data.tags["status"] == "finished"
+        assert r.info.status == "FINISHED" and r.data.tags["qkstudy.status"] == "finished"
         tokens = client.get_metric_history(r.info.run_id, "tokens")
         assert tokens[-1].step == p["tokens"] == r.data.metrics["tokens"]
         for metric in ("train/loss", "val/loss", "tokens"):
@@ -294,11 +335,11 @@ def test_every_planned_run_finished_once_at_its_tokens(study) -> None:
 def test_killed_runs_resumed_from_their_checkpoint(study) -> None:
     stack, _, killed, plan, _ = study
     client = mlflow_client(stack)
-    by_key = {key(r.data.tags): r for r in train_runs(client)}
+    by_key = {key(run_tags(r.data.tags)): r for r in train_runs(client)}
     for k, checkpointed in killed.items():
         tags = by_key[k].data.tags
-        assert int(tags.get("restarts", "0")) >= 1, (k, tags)
-        assert checkpointed <= int(tags["resumed_from_tokens"]) < next(p["tokens"] for p in plan if key(p) == k)
+        assert int(tags.get("qkstudy.restarts", "0")) >= 1, (k, tags)
+        assert checkpointed <= int(tags["qkstudy.resumed_from_tokens"]) < next(p["tokens"] for p in plan if key(p) == k)
 
 
 def test_runs_logged_as_the_training_account_and_nodes_hold_no_server_secret(study) -> None:
@@ -367,7 +408,7 @@ def test_resubmit_trains_nothing(study) -> None:
     stack, first_job, _, plan, _ = study
     client = mlflow_client(stack)
     before = {r.info.run_id: len(client.get_metric_history(r.info.run_id, "train/loss")) for r in train_runs(client)}
-    res = qk(stack, "submit", "study.yaml", "--address", stack["dashboard"])
+    res = qk(stack, "submit", "study.yaml", "--address", stack["dashboard"], "--no-wait")
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.strip().splitlines()[-1]
     assert timed("resubmit job", wait_job, stack, job_id, 600) == "SUCCEEDED"
@@ -376,3 +417,72 @@ def test_resubmit_trains_nothing(study) -> None:
     after = {r.info.run_id: len(client.get_metric_history(r.info.run_id, "train/loss")) for r in train_runs(client)}
     assert after == before
     assert [j["job_id"] for j in study_jobs(stack)] == [first_job, job_id]
+
+
+def shared_files(stack: dict) -> list[str]:
+    """Every file of the study on /shared (checkpoints, final weights) with its size."""
+    find = ["find", f"/shared/qkstudy/{STUDY}", "-type", "f", "-printf", "%P %s\\n"]
+    res = subprocess.run([stack["docker"], "exec", container(stack, "ray-head"), *find], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return sorted(res.stdout.splitlines())
+
+
+def test_down_keeps_the_data_and_backup_purge_restore_gives_the_same_study(study) -> None:
+    """Last in the module: `make backup`; `make stack-down` keeps the 4 volumes; `PURGE=1`
+    deletes them; `make restore` then `make stack-up` (the module's second bring-up) serve the
+    same report, the same runs and the same files on /shared (final weights included)."""
+    stack, *_ = study
+    env, env_file, docker, project = stack["make_env"], stack["env_file"], stack["docker"], stack["project"]
+    out = stack["tmp"] / "report-restore"
+
+    def report() -> list:
+        res = qk(stack, "report", STUDY, "--tracking-uri", stack["mlflow"], "--out", str(out), "--json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        return json.loads(res.stdout)
+
+    def runs() -> list:
+        client = mlflow_client(stack)
+        return sorted(
+            (
+                key(run_tags(r.data.tags)),
+                r.info.status,
+                r.data.metrics.get("tokens"),
+                sorted(a.path for a in client.list_artifacts(r.info.run_id)),
+            )
+            for r in train_runs(client)
+        )
+
+    before, runs_before, files_before = report(), runs(), shared_files(stack)
+    assert files_before  # checkpoints; the final weights are MLflow artifacts (runs())
+    backup = stack["tmp"] / "backup"
+    res = timed("make backup", run, ["make", "backup", f"BACKUP_DIR={backup}", f"ENV_FILE={env_file}"], env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(p.name for p in backup.iterdir()) == [
+        "SHA256SUMS",
+        "mlflow-artifacts.tar.gz",
+        "mlflow-auth.tar.gz",
+        "postgres.dump",
+        "qkstudy-shared.tar.gz",
+    ]
+    res = timed("make stack-down (keep)", run, ["make", "stack-down", f"ENV_FILE={env_file}"], env=env, timeout=300)
+    assert res.returncode == 0 and "volumes kept" in res.stdout, res.stdout + res.stderr
+    left = project_objects(docker, project)
+    assert left["containers"] == [] and left["networks"] == [] and len(left["volumes"]) == 4, left
+    res = run(["make", "restore", f"BACKUP_DIR={backup}", f"ENV_FILE={env_file}"], env=env, timeout=300)
+    assert res.returncode == 2 and "already has its volume" in res.stderr, res.stderr  # never over data
+    res = timed("make stack-down PURGE=1 (mid)", run, ["make", "stack-down", "PURGE=1", f"ENV_FILE={env_file}"], env=env, timeout=300)
+    assert res.returncode == 0 and project_objects(docker, project)["volumes"] == [], res.stdout + res.stderr
+    res = timed("make restore", run, ["make", "restore", f"BACKUP_DIR={backup}", f"ENV_FILE={env_file}"], env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = timed(
+        "make stack-up (restored)",
+        run,
+        ["make", "stack-up", f"ENV_FILE={env_file}"],
+        env=env,
+        timeout=1200,
+        log=stack["tmp"] / "stack-up-2.log",
+    )
+    assert res.returncode == 0, res.stdout
+    assert report() == before
+    assert runs() == runs_before
+    assert shared_files(stack) == files_before

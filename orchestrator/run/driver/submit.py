@@ -7,8 +7,9 @@ and its local plug-ins, checked for credential-like names and size, staged, list
 the spec's *path* and the command line's ``KEY=VALUE`` overrides enter the entrypoint (``run
 SPEC KEY=VALUE ...``: the job merges them over the uploaded spec files exactly as ``submit``
 did, so it trains the study ``submit`` validated), each quoted with ``shlex``; no spec field of
-a file ever reaches a shell. Inside the job ``RAY_ADDRESS`` is set by Ray, so ``qkstudy run`` joins the cluster and schedules the runs there; resubmitting a study
-trains only the runs not finished in its MLflow store.
+a file ever reaches a shell. Inside the job ``RAY_ADDRESS`` is set by Ray, so ``qkstudy run``
+joins the cluster and schedules the runs there; resubmitting a study trains only the runs not
+finished in its MLflow store.
 
 Multi-node clusters need the study's ``tracking_uri`` to be an MLflow server and its
 ``storage_path`` (and QKSTUDY_CACHE for shards) on shared storage: a local SQLite file or
