@@ -26,12 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-SECRETS = ("MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
-           "RAY_AUTH_TOKEN", "POSTGRES_PASSWORD")
+SECRETS = ("MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD", "QKSTUDY_READER_PASSWORD",
+           "MLFLOW_FLASK_SERVER_SECRET_KEY", "RAY_AUTH_TOKEN", "POSTGRES_PASSWORD")
 # Secrets as the containers name them (compose maps the file's names onto these).
 RUNTIME_SECRETS = SECRETS + ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD")
 # Secrets only the MLflow server / Postgres hold; a Ray node started with one is refused.
-SERVER_ONLY = ("POSTGRES_PASSWORD", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD",
+SERVER_ONLY = ("POSTGRES_PASSWORD", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_ADMIN_PASSWORD_PREVIOUS",
                "MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_BACKEND_STORE_URI")
 MIN_LENGTH = 16
 _PLACEHOLDER = re.compile(r"change[-_ ]?me|changeit|example|placeholder|secret-here|<.*>", re.I)
@@ -86,9 +86,11 @@ def problems(env: Mapping[str, str], *, names: tuple[str, ...], require_all: boo
         pg = env.get("POSTGRES_PASSWORD", "")
         if pg and not _URL_SAFE.fullmatch(pg):
             found.append("POSTGRES_PASSWORD must be URL-safe (letters, digits, . _ ~ -): it goes into a URI")
-        admin, training = env.get("MLFLOW_ADMIN_PASSWORD"), env.get("QKSTUDY_TRAINING_PASSWORD")
-        if admin and admin == training:
-            found.append("QKSTUDY_TRAINING_PASSWORD must differ from MLFLOW_ADMIN_PASSWORD")
+        accounts = ("MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD", "QKSTUDY_READER_PASSWORD")
+        for i, a in enumerate(accounts):
+            for b in accounts[i + 1:]:
+                if env.get(a) and env.get(a) == env.get(b):
+                    found.append(f"{b} must differ from {a}")
     return found
 
 

@@ -32,6 +32,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from orchestrator.cli_access import register as register_access_commands
 from orchestrator.cli_cluster import OVERRIDES_HELP, jobs_dashboard
 from orchestrator.cli_cluster import register as register_cluster_commands
 from orchestrator.cli_errors import EXIT_FAILED, EXIT_INPUT, err, input_errors, print_error
@@ -350,6 +351,9 @@ def report(
         md = Path(target) / "report.md"
         if md.exists():
             print(md.read_text())
+    if summary.get("mlflow_not_logged"):
+        err.print(f"[yellow]warning[/]: report {escape(summary['mlflow_not_logged'])} (--no-log skips trying)")
+    if not as_json:
         err.print(f"report written to {Path(target).resolve()}")  # last, so it stays on screen
 
 
@@ -437,6 +441,7 @@ def status(
 
 
 register_cluster_commands(app, input_errors)
+register_access_commands(app, input_errors)  # qkstudy grant, qkstudy revoke
 
 
 @data_app.command("prepare")

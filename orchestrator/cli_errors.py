@@ -43,6 +43,7 @@ INPUT_ERRORS = (
     ("orchestrator.track.lease", "LeaseHeld"),
     ("orchestrator.run.final_weights", "FinalWeightsError"),
     ("orchestrator.plan.tracking_uri", "TrackingURIError"),
+    ("orchestrator.track.access", "AccessError"),
 )
 
 

@@ -30,7 +30,7 @@ from orchestrator.report.output import GENERATOR, check_out_dir, jsonable, swap_
 from orchestrator.report.paired_curve import paired_curves
 from orchestrator.report.query import StudyData, query_study
 from orchestrator.report.ratio import token_ratio
-from orchestrator.report.report_run import log_report, report_run
+from orchestrator.report.report_run import log_report, open_report_run
 from orchestrator.report.scaling import scaling_analysis
 from orchestrator.report.tuning import tuning_tables
 from orchestrator.report.verdict import holm, paired_differences
@@ -146,7 +146,7 @@ def _write(
     try:
         if run_name is not None:
             client = client_for(data.tracking_uri)
-            run_id, created = report_run(client, data.experiment_id, run_name, data.study)
+            run_id, created, summary["mlflow_not_logged"] = open_report_run(client, data.experiment_id, run_name, data.study)
             summary["mlflow_report_run"] = run_id
         progress(f"drawing figures of {out.name}")
         summary["figures"] = [p.name for p in figures(tmp)]
@@ -188,7 +188,7 @@ def _build_per_corpus(
         raise ReportError(f"cannot write report folder {out}: {err}") from err
     os.chmod(out, 0o755)
     parts = {c: build_report(study, tracking_uri, out / c, corpus=c, log_to_mlflow=False, progress=progress, **kw) for c in corpora}
-    summary = {
+    summary: dict[str, Any] = {
         "generator": GENERATOR,
         "study": study,
         "corpora": corpora,
@@ -201,7 +201,7 @@ def _build_per_corpus(
         client = client_for(tracking_uri)
         exp = client.get_experiment_by_name(study)
         assert exp is not None  # the corpus reports above read its runs
-        run_id, _ = report_run(client, exp.experiment_id, f"report-{study}", study)
+        run_id, _, summary["mlflow_not_logged"] = open_report_run(client, exp.experiment_id, f"report-{study}", study)
         summary["mlflow_report_run"] = run_id
     write_file(out / "report.md", render.corpus_index(summary))
     write_file(out / "summary.json", json.dumps(jsonable(summary), indent=2))

@@ -45,6 +45,20 @@ def report_run(client: MlflowClient, experiment_id: str, name: str, study: str) 
     return client.create_run(experiment_id, run_name=name, tags=tags).info.run_id, True
 
 
+def open_report_run(client: MlflowClient, experiment_id: str, name: str, study: str) -> tuple[str | None, bool, str | None]:
+    """``report_run``, or (None, False, why) when this account may only read the study (a
+    reader on the stack, a ``qkstudy grant`` of READ): the report is still written to disk,
+    and the caller says it was not logged instead of failing after the analysis."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return (*report_run(client, experiment_id, name, study), None)
+    except MlflowException as err:
+        if err.error_code not in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
+            raise
+        return None, False, f"not logged to MLflow: this account may not write to study {study!r} (read-only)"
+
+
 def log_report(client: MlflowClient, run_id: str, folder: Path) -> None:
     """Log ``folder`` (the finished report) as the run's artifacts, bump its revision and end it
     FINISHED.

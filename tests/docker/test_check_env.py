@@ -15,7 +15,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CHECK = REPO / "docker" / "check_env.py"
 EXAMPLE = REPO / "docker" / ".env.example"
-SECRETS = ("MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY", "RAY_AUTH_TOKEN", "POSTGRES_PASSWORD")
+SECRETS = (
+    "MLFLOW_ADMIN_PASSWORD",
+    "QKSTUDY_TRAINING_PASSWORD",
+    "QKSTUDY_READER_PASSWORD",
+    "MLFLOW_FLASK_SERVER_SECRET_KEY",
+    "RAY_AUTH_TOKEN",
+    "POSTGRES_PASSWORD",
+)
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -64,7 +71,9 @@ def test_missing_secret_and_file_rules(tmp_path: Path) -> None:
     assert "POSTGRES_PASSWORD is not set" in run(str(env_file)).stderr
     same = secrets.token_urlsafe(24)
     res = run(str(good_env_file(tmp_path, MLFLOW_ADMIN_PASSWORD=same, QKSTUDY_TRAINING_PASSWORD=same)))
-    assert res.returncode == 2 and "must differ" in res.stderr
+    assert res.returncode == 2 and "QKSTUDY_TRAINING_PASSWORD must differ from MLFLOW_ADMIN_PASSWORD" in res.stderr
+    res = run(str(good_env_file(tmp_path, QKSTUDY_TRAINING_PASSWORD=same, QKSTUDY_READER_PASSWORD=same)))
+    assert res.returncode == 2 and "QKSTUDY_READER_PASSWORD must differ from QKSTUDY_TRAINING_PASSWORD" in res.stderr
     res = run(str(good_env_file(tmp_path, POSTGRES_PASSWORD="a/b@c" + secrets.token_hex(8))))
     assert res.returncode == 2 and "URL-safe" in res.stderr
     assert run(str(tmp_path / "absent.env")).returncode == 2

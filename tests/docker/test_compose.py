@@ -22,6 +22,7 @@ ENV_EXAMPLE = DOCKER / ".env.example"
 SECRET_VARS = (
     "MLFLOW_ADMIN_PASSWORD",
     "QKSTUDY_TRAINING_PASSWORD",
+    "QKSTUDY_READER_PASSWORD",
     "POSTGRES_PASSWORD",
     "MLFLOW_FLASK_SERVER_SECRET_KEY",
     "RAY_AUTH_TOKEN",
@@ -148,7 +149,7 @@ def test_each_container_gets_only_the_secrets_it_uses(config: dict) -> None:
 
     assert holds("postgres") == {"POSTGRES_PASSWORD"}
     assert holds("mlflow") == {"POSTGRES_PASSWORD", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"}
-    assert holds("mlflow-users") == {"MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD"}
+    assert holds("mlflow-users") == {"MLFLOW_ADMIN_PASSWORD", "QKSTUDY_TRAINING_PASSWORD", "QKSTUDY_READER_PASSWORD"}
     for node in RAY_NODES:
         assert holds(node) == {"RAY_AUTH_TOKEN", "QKSTUDY_TRAINING_PASSWORD"}, node
         env = config["services"][node]["environment"]

@@ -168,6 +168,29 @@ def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tm
     assert last_step == 8192  # step = tokens seen, final eval at the budget
     assert 1.0 < run.data.metrics["val/ppl"] < 512
 
+    # A read-only account (a READ grant) still gets the report, on disk, said not to be logged;
+    # the admin's report is logged as the study's report run (the control).
+    from mlflow.server.auth.client import AuthServiceClient
+
+    reader, reader_password = f"read-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    AuthServiceClient(uri).create_user(reader, reader_password)
+    granted = subprocess.run(
+        [str(qkstudy), "grant", name, reader, "--tracking-uri", uri], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert granted.returncode == 0, granted.stderr
+    for user, pw_, logged in ((reader, reader_password, False), (username, password, True)):
+        out = tmp_path / f"report-{user}"
+        rep = subprocess.run(
+            [str(qkstudy), "report", name, "--tracking-uri", uri, "--out", str(out)],
+            env={**env, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": pw_},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert rep.returncode == 0 and (out / "report.md").is_file(), rep.stderr[-3000:]
+        assert ("not logged to MLflow" in rep.stderr) is not logged, rep.stderr[-3000:]
+        assert bool(client.search_runs([experiment.experiment_id], "tags.`qkstudy.kind` = 'report'")) is logged
+
 
 def test_training_account_is_not_an_admin(mlflow_pg_server, monkeypatch) -> None:
     """docker/mlflow/create_user.py (the stack's `mlflow-users` service) gives training a
@@ -218,3 +241,185 @@ def test_training_account_is_not_an_admin(mlflow_pg_server, monkeypatch) -> None
         auth.create_user(f"x-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex)
     with pytest.raises(MlflowException, match="403|PERMISSION_DENIED|ermission"):
         auth.update_user_admin(trainer, True)
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "docker" / "mlflow" / "create_user.py"
+
+
+def _accounts(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run the stack's `mlflow-users` script with exactly `env` (plus PATH)."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPT)], env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=120
+    )
+
+
+def _as(monkeypatch, uri: str, user: str, password: str) -> MlflowClient:
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    return MlflowClient(uri)
+
+
+def test_reader_account_reads_every_study_and_writes_none(mlflow_pg_server, monkeypatch, tmp_path) -> None:
+    """The reader the bootstrap creates reads studies made before and after it (runs, curves,
+    artifacts) through its role, and can neither log to them nor manage accounts. Negative
+    control: an account without the role sees none of them."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.server.auth.client import AuthServiceClient
+
+    uri, admin, admin_password = mlflow_pg_server
+    tag = uuid.uuid4().hex[:6]
+    trainer, reader, outsider = (f"{k}-{tag}" for k in ("train", "read", "other"))
+    pw = {u: uuid.uuid4().hex for u in (trainer, reader, outsider)}
+    env = {
+        "MLFLOW_TRACKING_URI": uri,
+        "MLFLOW_TRACKING_USERNAME": admin,
+        "MLFLOW_TRACKING_PASSWORD": admin_password,
+        "QKSTUDY_TRAINING_USERNAME": trainer,
+        "QKSTUDY_TRAINING_PASSWORD": pw[trainer],
+        "QKSTUDY_READER_USERNAME": reader,
+        "QKSTUDY_READER_PASSWORD": pw[reader],
+    }
+    before = _as(monkeypatch, uri, admin, admin_password).create_experiment(f"before-{tag}")
+    for outcome in ("created", "updated"):  # idempotent: the role and its grant are not doubled
+        res = _accounts(env)
+        assert res.returncode == 0 and f"MLflow reader {reader!r} {outcome}" in res.stdout, res.stderr[-2000:]
+    assert _accounts({**env, "QKSTUDY_READER_USERNAME": trainer}).returncode == 2  # names must differ
+    auth = AuthServiceClient(uri)
+    auth.create_user(outsider, pw[outsider])
+    role = next(r for r in auth.list_roles("default") if r.name == "qkstudy-readers")
+    assert [(p.resource_type, p.resource_pattern, p.permission) for p in auth.list_role_permissions(role.id)] == [
+        ("experiment", "*", "READ")
+    ]
+    assert auth.get_user(reader).is_admin is False
+
+    training = _as(monkeypatch, uri, trainer, pw[trainer])
+    study = training.create_experiment(f"study-{tag}")  # created after the reader
+    run_id = training.create_run(study).info.run_id
+    training.log_metric(run_id, "val/loss", 3.25, step=1024)
+    (tmp_path / "note.txt").write_text("report")
+    training.log_artifact(run_id, str(tmp_path / "note.txt"))
+
+    reading = _as(monkeypatch, uri, reader, pw[reader])
+    assert {before, study} <= {e.experiment_id for e in reading.search_experiments()}
+    assert [m.value for m in reading.get_metric_history(run_id, "val/loss")] == [3.25]
+    assert Path(reading.download_artifacts(run_id, "note.txt", str(tmp_path / "dl"))).read_text() == "report"
+    denied = "403|PERMISSION_DENIED|ermission"
+    with pytest.raises(MlflowException, match=denied):
+        reading.log_metric(run_id, "val/loss", 0.0, step=2048)
+    with pytest.raises(MlflowException, match=denied):
+        reading.create_run(study)
+    with pytest.raises(MlflowException, match=denied):
+        AuthServiceClient(uri).create_user(f"x-{tag}", uuid.uuid4().hex)
+
+    other = _as(monkeypatch, uri, outsider, pw[outsider])
+    assert {before, study}.isdisjoint(e.experiment_id for e in other.search_experiments())
+    with pytest.raises(MlflowException, match=denied):
+        other.get_metric_history(run_id, "val/loss")
+
+
+def test_password_rotation_keeps_the_services_in(mlflow_pg_server, monkeypatch) -> None:
+    """docker/.env changed after the first stack-up. The admin (bootstrapped once) rotates only
+    with MLFLOW_ADMIN_PASSWORD_PREVIOUS: without it the script exits 2 naming that variable
+    (not a silent lockout); with it the new password logs in and the old one no longer does.
+    The training and reader accounts take their new passwords at the next run."""
+    from mlflow.server.auth.client import AuthServiceClient
+
+    uri, admin, admin_password = mlflow_pg_server
+    tag = uuid.uuid4().hex[:6]
+    boss, trainer, reader = f"admin-{tag}", f"train-{tag}", f"read-{tag}"  # a second admin: the fixture's stays as it is
+    old, new = uuid.uuid4().hex, uuid.uuid4().hex
+    _as(monkeypatch, uri, admin, admin_password)
+    AuthServiceClient(uri).create_user(boss, old)
+    AuthServiceClient(uri).update_user_admin(boss, True)
+    env = {
+        "MLFLOW_TRACKING_URI": uri,
+        "MLFLOW_TRACKING_USERNAME": boss,
+        "MLFLOW_TRACKING_PASSWORD": old,
+        "QKSTUDY_TRAINING_USERNAME": trainer,
+        "QKSTUDY_TRAINING_PASSWORD": "t1-" + uuid.uuid4().hex,
+        "QKSTUDY_READER_USERNAME": reader,
+        "QKSTUDY_READER_PASSWORD": "r1-" + uuid.uuid4().hex,
+    }
+    first = _accounts(env)
+    assert first.returncode == 0 and "password unchanged" in first.stdout, first.stderr[-2000:]
+
+    rotated = {
+        **env,
+        "MLFLOW_TRACKING_PASSWORD": new,
+        "QKSTUDY_TRAINING_PASSWORD": "t2-" + uuid.uuid4().hex,
+        "QKSTUDY_READER_PASSWORD": "r2-" + uuid.uuid4().hex,
+    }
+    refused = _accounts(rotated)
+    assert refused.returncode == 2 and "MLFLOW_ADMIN_PASSWORD_PREVIOUS" in refused.stderr
+    res = _accounts({**rotated, "MLFLOW_ADMIN_PASSWORD_PREVIOUS": old})
+    assert res.returncode == 0 and "password rotated" in res.stdout, res.stderr[-2000:]
+    again = _accounts({**rotated, "MLFLOW_ADMIN_PASSWORD_PREVIOUS": old})  # left in .env: harmless
+    assert again.returncode == 0 and "password unchanged" in again.stdout, again.stderr[-2000:]
+
+    url = f"{uri}{SEARCH}"
+    for user, key in ((boss, "MLFLOW_TRACKING_PASSWORD"), (trainer, "QKSTUDY_TRAINING_PASSWORD"), (reader, "QKSTUDY_READER_PASSWORD")):
+        assert status_of(url, auth=(user, rotated[key])) == 200, user
+        assert status_of(url, auth=(user, env[key])) == 401, user  # one server worker: no stale cache
+
+
+def test_grant_and_revoke_one_study(mlflow_pg_server, monkeypatch, tmp_path) -> None:
+    """`qkstudy grant` gives one account READ on one study, made by the study's creator (the
+    training account), not on its neighbour; `revoke` takes it back. Bad input exits 2 naming
+    what is wrong: an unknown user, permission or study, a local store, an account that does
+    not manage the study."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.server.auth.client import AuthServiceClient
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    uri, admin, admin_password = mlflow_pg_server
+    tag = uuid.uuid4().hex[:6]
+    trainer, alice = f"train-{tag}", f"alice-{tag}"
+    pw = {trainer: uuid.uuid4().hex, alice: uuid.uuid4().hex}
+    _as(monkeypatch, uri, admin, admin_password)
+    for user in (trainer, alice):
+        AuthServiceClient(uri).create_user(user, pw[user])
+    training = _as(monkeypatch, uri, trainer, pw[trainer])
+    study, neighbour = (training.create_experiment(f"{k}-{tag}") for k in ("study", "neighbour"))
+    runs = {e: training.create_run(e).info.run_id for e in (study, neighbour)}
+    for run_id in runs.values():
+        training.log_metric(run_id, "val/loss", 3.0, step=1)
+
+    def qk(*args: str) -> tuple[int, str]:
+        res = CliRunner().invoke(app, [*args, "--tracking-uri", uri])
+        return res.exit_code, res.output
+
+    def alice_reads(exp_id: str) -> bool:
+        try:
+            _as(monkeypatch, uri, alice, pw[alice]).get_metric_history(runs[exp_id], "val/loss")
+            return True
+        except MlflowException:
+            return False
+
+    assert not alice_reads(study)  # negative control: nothing before the grant
+    _as(monkeypatch, uri, trainer, pw[trainer])  # the creator manages its study
+    code, output = qk("grant", f"study-{tag}", alice)
+    assert code == 0 and f"{alice}: READ on study study-{tag}" in output, output
+    assert alice_reads(study) and not alice_reads(neighbour)
+    with pytest.raises(MlflowException, match="403|PERMISSION_DENIED|ermission"):
+        _as(monkeypatch, uri, alice, pw[alice]).log_metric(runs[study], "val/loss", 0.0, step=2)
+
+    _as(monkeypatch, uri, trainer, pw[trainer])
+    for args, says in (
+        (("grant", f"study-{tag}", f"nobody-{tag}"), "no such account"),
+        (("grant", f"study-{tag}", alice, "--permission", "OWN"), "choose one of READ, EDIT, MANAGE"),
+        (("grant", f"missing-{tag}", alice), "no such experiment"),
+    ):
+        code, output = qk(*args)
+        assert code == 2 and says in output, (args, output)
+    _as(monkeypatch, uri, alice, pw[alice])  # READ does not let alice grant
+    code, output = qk("grant", f"study-{tag}", trainer, "--permission", "MANAGE")
+    assert code == 2 and "may not manage it" in output, output
+    res = CliRunner().invoke(app, ["grant", "some-study", alice, "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"])
+    assert res.exit_code == 2 and "a local store has no accounts" in res.output, res.output
+
+    _as(monkeypatch, uri, trainer, pw[trainer])
+    code, output = qk("revoke", f"study-{tag}", alice)
+    assert code == 0 and "no grant" in output, output
+    assert not alice_reads(study)

@@ -115,6 +115,7 @@ def stack(docker_engine, tmp_path_factory):
         "COMPOSE_PROJECT_NAME": project,
         "MLFLOW_ADMIN_PASSWORD": secrets.token_urlsafe(24),
         "QKSTUDY_TRAINING_PASSWORD": secrets.token_urlsafe(24),
+        "QKSTUDY_READER_PASSWORD": secrets.token_urlsafe(24),
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
         "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_urlsafe(32),
         "POSTGRES_PASSWORD": secrets.token_urlsafe(24),
@@ -402,6 +403,25 @@ def test_report_from_the_stacks_mlflow(study) -> None:
     assert scale["token_ratio_display"] != "n/a"  # a ratio, or censored with its bound
     assert (out / "ppl_vs_tokens.png").stat().st_size > 0 and (out / "token_ratio.png").stat().st_size > 0
     assert "oken ratio" in (out / "report.md").read_text()
+    # The reader account the bootstrap created reads the study; the report is not logged by it.
+    values = stack["values"]
+    reader = {
+        **stack["env"],
+        "MLFLOW_TRACKING_USERNAME": values["QKSTUDY_READER_USERNAME"],
+        "MLFLOW_TRACKING_PASSWORD": values["QKSTUDY_READER_PASSWORD"],
+    }
+    res = run(
+        [str(QKSTUDY), "report", STUDY, "--tracking-uri", stack["mlflow"], "--out", str(stack["tmp"] / "report-reader")],
+        env=reader,
+        cwd=stack["tmp"],
+        timeout=300,
+    )
+    assert res.returncode == 0 and "not logged to MLflow" in res.stderr, res.stdout + res.stderr
+
+    def scales(folder):
+        return json.loads((folder / "summary.json").read_text())["scales"]
+
+    assert scales(stack["tmp"] / "report-reader") == scales(out)  # the same numbers
 
 
 def test_resubmit_trains_nothing(study) -> None:
