@@ -84,6 +84,7 @@ bench: install
 	$(BIN)/python -m benchmarks.training --training --startup
 	$(BIN)/python -m benchmarks.cli_latency
 	$(BIN)/python -m benchmarks.bare_steps
+	$(BIN)/python -m benchmarks.whole_run
 
 clean:
 	rm -rf runs .pytest_cache

@@ -248,6 +248,11 @@ class ResourcesSpec(_Strict):
     # packing amortises it. Packs are fixed by the plan, so a resubmitted study finds each
     # pack's checkpoints again.
     runs_per_trainer: int = Field(default=1, ge=1)
+    # torch.compile the model in each worker (nn.Module.compile: in place, same state-dict
+    # keys, so checkpoints are unchanged). Off by default: on 2 CPU cores it made cpu-xs and
+    # cpu-s steps 2-6% slower and cost 16-22 s before the first step (BENCHMARKS.md). Not in
+    # the run id: the same run, computed another way.
+    compile: bool = False
     # Memory of one device (GiB); `validate`/`run` refuse a run whose estimate
     # (orchestrator.plan.memory) exceeds it. None: not checked.
     device_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)

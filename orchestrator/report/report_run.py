@@ -52,7 +52,10 @@ def open_report_run(client: MlflowClient, experiment_id: str, name: str, study: 
     from mlflow.exceptions import MlflowException
 
     try:
-        return (*report_run(client, experiment_id, name, study), None)
+        run_id, created = report_run(client, experiment_id, name, study)
+        if not created:  # found by a search (a read): a write that changes nothing tells a reader now
+            client.set_tag(run_id, REPORT_TAG, name)
+        return run_id, created, None
     except MlflowException as err:
         if err.error_code not in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
             raise

@@ -42,7 +42,7 @@ SECTIONS: dict[str, str] = {
     "data_loader": "the token loaders opened",
     "engine": "the DeepSpeed engine (ZeRO stage, optimizer, op load)",
     "restore": "checkpoint restore or branch start",
-    "first_step": "the first optimizer step",
+    "first_step": "the first optimizer step (and torch.compile's compilation, with resources.compile)",
 }
 
 

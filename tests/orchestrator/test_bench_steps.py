@@ -5,9 +5,13 @@ per-step losses equal the stack's logged ``train/loss`` under ZeRO 0 and, with m
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
+from benchmarks import plain_loop
 from benchmarks.bare_steps import bench_study, run_bare, run_stack
 from orchestrator.track.tracking import default_tracking_uri
 
@@ -15,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("zero_stage,micro_batch", [(0, None), (2, 2)])
-def test_bare_loop_trains_the_stacks_run_step_for_step(local_ray, tmp_path, zero_stage, micro_batch):
+def test_bare_loop_trains_the_stacks_run_step_for_step(local_ray, tmp_path, capsys, zero_stage, micro_batch):
     study = {
         **bench_study("steps-check", zero_stage, 20, "cpu-xs"),
         "corpus": {"source": "stdlib", "max_documents": 60},
@@ -33,3 +37,9 @@ def test_bare_loop_trains_the_stacks_run_step_for_step(local_ray, tmp_path, zero
     assert max(abs(a - b) for a, b in zip(stack, bare)) < 1e-4, list(zip(stack, bare))
     _, other = run_bare(run, data_path, seed=run.seed + 1)
     assert max(abs(a - b) for a, b in zip(stack, other)) > 1e-3
+    # benchmarks.plain_loop (the whole-run benchmark's plain arm) plans the same run from its spec
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    capsys.readouterr()
+    assert plain_loop.main([str(tmp_path / "study.yaml"), "--data", data_path]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (out["tokens"], out["steps"], out["threads"]) == (run.tokens, 20, 2) and 0 < out["step_s"] < out["process_s"]

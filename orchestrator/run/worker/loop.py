@@ -114,6 +114,8 @@ class RunLoop:
             load_planned(r.plugin)
         torch.manual_seed(r.seed)
         model = GPT(ModelConfig(**r.model), seed=r.seed)  # same seed: same shared weights in every variant
+        if r.resources.compile:  # compiles at the first forward: in the timeline's first_step
+            model.compile()
         self.timeline.mark("model")
         self.train_loader = TokenLoader(self.data_path, "train", t.seq_len, t.global_batch, r.seed)
         self.val_loader = TokenLoader(self.data_path, "val", t.seq_len, t.global_batch, 0)
@@ -266,7 +268,7 @@ class RunLoop:
             step += 1
             wall_s += time.perf_counter() - t0
             if step == state["step"] + 1:  # this attempt's first optimizer step: its start-up is over
-                rec.startup(step, self.timeline.mark("first_step").metrics())
+                rec.startup(step, {**self.timeline.mark("first_step").metrics(), **_compiled_graphs(r.resources.compile)})
             reason = _divergence(loss, grad_norm, step, step * r.train.tokens_per_step)
             if reason:
                 rec.failed(step, reason)
@@ -433,6 +435,16 @@ def _grad_norm(module: torch.nn.Module) -> float:
     """2-norm over every parameter's gradient (as torch.nn.utils.clip_grad_norm_ computes it)."""
     norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def _compiled_graphs(compiled: bool) -> dict[str, float]:
+    """{"compile/graphs": graphs torch.compile built in this process so far} when the run asked
+    for compilation (0 would say nothing was compiled: a model dynamo skipped), else {}."""
+    if not compiled:
+        return {}
+    from torch._dynamo.utils import counters
+
+    return {"compile/graphs": float(counters["stats"]["unique_graphs"])}
 
 
 def _in_ray_train() -> bool:

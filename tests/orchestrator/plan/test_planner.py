@@ -85,7 +85,7 @@ def test_run_identity_is_stable_and_sensitive():
     assert a == [r.run_id for r in _plan()]
     assert len(set(a)) == len(a)
     # Resources do not change what a run computes: same ids.
-    assert a == [r.run_id for r in _plan(resources={"workers": 2, "zero_stage": 3})]
+    assert a == [r.run_id for r in _plan(resources={"workers": 2, "zero_stage": 3, "compile": True})]
     # Anything that does changes the id.
     for over in (
         {"seeds": [5, 1]},

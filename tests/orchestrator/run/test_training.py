@@ -51,14 +51,24 @@ def _rel(a, b):
 
 def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
     curves, norms, vals, finals, lrs, diags = {}, {}, {}, {}, {}, {}
-    configs = [(1, 2, 13), (1, 3, 13), (2, 0, 13), (2, 2, 13), (2, 3, 13), (1, 2, 7), (2, 2, 7)]
-    for workers, stage, final_windows in configs:
-        name = f"w{workers}z{stage}" + ("same" if final_windows == 7 else "")
+    # (workers, ZeRO stage, final-pass windows, torch.compile): every one trains the same run
+    configs = [
+        (1, 2, 13, False),
+        (1, 3, 13, False),
+        (2, 0, 13, False),
+        (2, 2, 13, False),
+        (2, 3, 13, False),
+        (1, 2, 7, False),
+        (2, 2, 7, False),
+    ]
+    configs.append((1, 2, 13, True))
+    for workers, stage, final_windows, compiled in configs:
+        name = f"w{workers}z{stage}" + ("same" if final_windows == 7 else "") + ("compiled" if compiled else "")
         study = parse_spec(
             {
                 **BASE,
                 "name": name,
-                "resources": {"workers": workers, "zero_stage": stage},
+                "resources": {"workers": workers, "zero_stage": stage, "compile": compiled},
                 "eval": {**BASE["eval"], "final_max_windows": final_windows, "diagnostics": True},
             }
         )
@@ -76,6 +86,8 @@ def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
         # attention diagnostics: two workers each compute half the probe's windows and add them
         diags[name] = {k: [v for _, v in _history(uri, name, k)[1]] for k in run.data.metrics if k.startswith("attn/")}
         assert "val/accuracy" not in run.data.metrics and "final/val_accuracy" not in run.data.metrics  # text corpus
+        # torch.compile built the model's graph in the compiled run only (the control: no metric)
+        assert (run.data.metrics.get("compile/graphs", 0) >= 1) is compiled, (name, run.data.metrics.get("compile/graphs"))
     ref, ref_norm = curves["w1z2"], norms["w1z2"]
     assert ref[-1] < ref[0] - 1.0  # it learns
     ref_diag = diags["w1z2"]
@@ -96,7 +108,7 @@ def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
         # one fixed validation subset for any worker count and stage: the curves and final passes agree too
         assert [s for s, _ in vals[name]] == [s for s, _ in vals["w1z2"]] == [512 * i for i in range(10, 51, 10)]
         assert _rel([v for _, v in vals[name]], [v for _, v in vals["w1z2"]]) < 1e-3, name
-        assert _rel([finals[name]], [finals["w1z2" if name[-4:] != "same" else "w1z2same"]]) < 1e-3, name
+        assert _rel([finals[name]], [finals["w1z2" if not name.endswith("same") else "w1z2same"]]) < 1e-3, name
     for w in ("w1z2", "w2z2"):
         # The last curve point reads the curve's 7 windows: the same number as the final pass of
         # the same training with final_max_windows = 7 (it reads those 7 only). The 13-window
