@@ -85,6 +85,7 @@ bench: install
 	$(BIN)/python -m benchmarks.cli_latency
 	$(BIN)/python -m benchmarks.bare_steps
 	$(BIN)/python -m benchmarks.whole_run
+	$(BIN)/python -m benchmarks.demo
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,9 +1,12 @@
-"""The whole-run benchmark's arithmetic (benchmarks.whole_run.section) on a made-up record with
-known answers: the ratio of the two command wall-clocks, the stack's seconds split into its
-timeline, steps, evaluation, checkpoints and the rest."""
+"""The arithmetic of the benchmarks that compare two arms, on made-up records with known
+answers: the whole run against the plain loop (benchmarks.whole_run: the ratio of the two
+command wall-clocks, the stack's seconds split into its timeline, steps, evaluation,
+checkpoints and the rest) and the demo's two settings (benchmarks.demo: the share outside
+optimizer steps, the wall-clock against the baseline)."""
 
 from __future__ import annotations
 
+from benchmarks import demo
 from benchmarks.whole_run import section, study_yaml
 
 
@@ -40,3 +43,11 @@ def test_section_states_the_ratio_and_where_the_stacks_seconds_went() -> None:
 
 def test_a_slower_stack_reads_as_a_missed_goal() -> None:  # negative control: the ratio moves with the walls
     assert "**stack / plain = 1.300**" in section(record(130.0, 100.0), [])
+
+
+def test_demo_section_gives_each_arms_share_outside_steps_and_its_ratio_to_the_baseline() -> None:
+    baseline = {"overrides": ["resources.runs_per_trainer=1"], "walls": {"run": 580.0, "report": 20.0}, "runs": 8, "step_s": 300.0}
+    packed = {"overrides": [], "walls": {"run": 430.0, "report": 20.0}, "runs": 8, "step_s": 300.0}
+    text = demo.section([baseline, packed], ["0.10", "0.20"], [])
+    assert "| resources.runs_per_trainer=1 | 8 | 580 | 20 | 600 | 300 | 50.0% | 1.00 |" in text
+    assert "| as committed | 8 | 430 | 20 | 450 | 300 | 33.3% | 0.75 |" in text
