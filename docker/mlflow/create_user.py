@@ -150,8 +150,8 @@ def main() -> int:
     names = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
              "QKSTUDY_TRAINING_USERNAME", "QKSTUDY_TRAINING_PASSWORD")
     missing = [n for n in names if not env.get(n)]
-    if env.get("QKSTUDY_READER_PASSWORD") and not env.get("QKSTUDY_READER_USERNAME"):
-        missing.append("QKSTUDY_READER_USERNAME")
+    if bool(env.get("QKSTUDY_READER_PASSWORD")) != bool(env.get("QKSTUDY_READER_USERNAME")):  # both or neither
+        missing.append("QKSTUDY_READER_USERNAME" if env.get("QKSTUDY_READER_PASSWORD") else "QKSTUDY_READER_PASSWORD")
     if missing:
         print(f"error: set {', '.join(missing)}", file=sys.stderr)
         return 2
@@ -169,13 +169,19 @@ def main() -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"MLflow admin {admin_user!r}: password {rotated}")
+    if rotated == "unchanged" and env.get("MLFLOW_ADMIN_PASSWORD_PREVIOUS"):
+        print("note: the rotation is done; remove MLFLOW_ADMIN_PASSWORD_PREVIOUS from docker/.env")
     admin = (admin_user, env["MLFLOW_TRACKING_PASSWORD"])
-    user = accounts["QKSTUDY_TRAINING_USERNAME"]
-    outcome = ensure_user(uri, admin, user, env["QKSTUDY_TRAINING_PASSWORD"])
-    print(f"MLflow training user {user!r} {outcome} (not an admin)")
-    if reader := accounts.get("QKSTUDY_READER_USERNAME"):
-        outcome = ensure_reader(uri, admin, reader, env["QKSTUDY_READER_PASSWORD"])
-        print(f"MLflow reader {reader!r} {outcome} (not an admin; role {READER_ROLE}: READ on every experiment)")
+    try:
+        user = accounts["QKSTUDY_TRAINING_USERNAME"]
+        outcome = ensure_user(uri, admin, user, env["QKSTUDY_TRAINING_PASSWORD"])
+        print(f"MLflow training user {user!r} {outcome} (not an admin)")
+        if reader := accounts.get("QKSTUDY_READER_USERNAME"):
+            outcome = ensure_reader(uri, admin, reader, env["QKSTUDY_READER_PASSWORD"])
+            print(f"MLflow reader {reader!r} {outcome} (not an admin; role {READER_ROLE}: READ on every experiment)")
+    except ServerRefused as err:  # e.g. 403: MLFLOW_TRACKING_USERNAME is no admin; 404 on /api/3.0: MLflow < 3.11
+        print(f"error: {err} (is {admin_user!r} an admin, and the server MLflow >= 3.11 with its roles API?)", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -34,6 +34,10 @@ def _experiment_id(tracking_uri: str, study: str) -> str:
     try:
         exp = client_for(tracking_uri).get_experiment_by_name(study)
     except MlflowException as e:
+        if e.error_code in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
+            raise AccessError(
+                f"study {study!r}: {tracking_uri} refuses MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (wrong, or no access to it)"
+            ) from None
         raise ConnectionError(f"tracking server {tracking_uri}: {e.message}") from e
     if exp is None:
         raise AccessError(f"study {study!r}: no such experiment on {tracking_uri} (or this account cannot see it)")
@@ -48,6 +52,8 @@ def _auth_call(tracking_uri: str, study: str, username: str, call) -> None:
         call(AuthServiceClient(tracking_uri))
     except MlflowException as e:
         code = e.error_code
+        if code == "RESOURCE_DOES_NOT_EXIST" and "Permission for user=" in e.message:
+            return  # a revoke of a grant that is not there: already the state asked for
         if code == "RESOURCE_DOES_NOT_EXIST":
             raise AccessError(f"user {username!r}: no such account on {tracking_uri} (the admin creates accounts)") from None
         if code in ("PERMISSION_DENIED", "UNAUTHENTICATED"):

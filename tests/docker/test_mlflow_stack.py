@@ -288,6 +288,10 @@ def test_reader_account_reads_every_study_and_writes_none(mlflow_pg_server, monk
         res = _accounts(env)
         assert res.returncode == 0 and f"MLflow reader {reader!r} {outcome}" in res.stdout, res.stderr[-2000:]
     assert _accounts({**env, "QKSTUDY_READER_USERNAME": trainer}).returncode == 2  # names must differ
+    no_admin = _accounts(
+        {**env, "MLFLOW_TRACKING_USERNAME": reader, "MLFLOW_TRACKING_PASSWORD": pw[reader], "QKSTUDY_READER_USERNAME": f"r2-{tag}"}
+    )  # the "admin" is the reader: refused, no traceback
+    assert no_admin.returncode == 2 and "an admin" in no_admin.stderr and "Traceback" not in no_admin.stderr, no_admin.stderr
     auth = AuthServiceClient(uri)
     auth.create_user(outsider, pw[outsider])
     role = next(r for r in auth.list_roles("default") if r.name == "qkstudy-readers")
@@ -424,6 +428,10 @@ def test_grant_and_revoke_one_study(mlflow_pg_server, monkeypatch, tmp_path) -> 
     assert res.exit_code == 2 and "a local store has no accounts" in res.output, res.output
 
     _as(monkeypatch, uri, trainer, pw[trainer])
-    code, output = qk("revoke", f"study-{tag}", alice)
-    assert code == 0 and "no grant" in output, output
+    for _ in range(2):  # a second revoke finds no grant: already done, not "no such account"
+        code, output = qk("revoke", f"study-{tag}", alice)
+        assert code == 0 and "no grant" in output, output
     assert not alice_reads(study)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong-" + uuid.uuid4().hex)  # refused credentials: exit 2, named
+    code, output = qk("grant", f"study-{tag}", alice)
+    assert code == 2 and "refuses MLFLOW_TRACKING_USERNAME" in output, output
