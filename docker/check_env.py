@@ -9,7 +9,7 @@ are, the cluster would run with secrets anyone can read in the repository. Two p
 
 Rules, per secret variable (``SECRETS``) and per password inside a ``*_URI`` variable: not
 empty, no placeholder word (``change-me``, ``changeme``, ``example``, ``placeholder``...), at
-least ``MIN_LENGTH`` characters; in a file, every secret must be set, the two MLflow passwords
+least ``MIN_LENGTH`` characters; in a file, every secret must be set, the three MLflow passwords (admin, training, reader)
 must differ, and POSTGRES_PASSWORD must be URL-safe (it goes into a connection URI). With
 ``--role ray`` (the Ray nodes) the server-side secrets (``SERVER_ONLY``) must be absent: a Ray
 node runs users' code, so it gets the training account and the Ray token, nothing more.
