@@ -35,23 +35,27 @@ def demo_arm(overrides: list[str]) -> dict[str, Any]:
 
     from orchestrator.track.tracking import KIND_TAG, KIND_TRAIN, default_tracking_uri
 
-    folder = Path(tempfile.mkdtemp(prefix="demo-bench-"))
-    shutil.copy(SPEC, folder / SPEC.name)
-    walls = {}
-    for name, argv in (
-        ("run", [str(QKSTUDY), "run", SPEC.name, *overrides]),
-        ("report", [str(QKSTUDY), "report", SPEC.name, "--out", "runs/cpu-demo/report"]),
-    ):
-        t0 = time.perf_counter()
-        res = subprocess.run(argv, cwd=folder, capture_output=True, text=True)
-        walls[name] = time.perf_counter() - t0
-        if res.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} exited {res.returncode}: {res.stderr[-2000:]}")
-    client = MlflowClient(default_tracking_uri(folder / "runs" / "cpu-demo"))
-    exp = client.get_experiment_by_name("cpu-demo")
-    if exp is None:
-        raise RuntimeError(f"demo benchmark: no experiment cpu-demo under {folder}")
-    runs = client.search_runs([exp.experiment_id], f"tags.`{KIND_TAG}` = '{KIND_TRAIN}'")
+    # The demo's own store in the arm's folder, as `make demo` on a fresh machine: an exported
+    # MLFLOW_TRACKING_URI would send the runs elsewhere (and mix the arms in one study).
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    with tempfile.TemporaryDirectory(prefix="demo-bench-") as tmp:
+        folder = Path(tmp)
+        shutil.copy(SPEC, folder / SPEC.name)
+        walls = {}
+        for name, argv in (
+            ("run", [str(QKSTUDY), "run", SPEC.name, *overrides]),
+            ("report", [str(QKSTUDY), "report", SPEC.name, "--out", "runs/cpu-demo/report"]),
+        ):
+            t0 = time.perf_counter()
+            res = subprocess.run(argv, cwd=folder, capture_output=True, text=True, env=env)
+            walls[name] = time.perf_counter() - t0
+            if res.returncode != 0:
+                raise RuntimeError(f"{' '.join(argv)} exited {res.returncode}: {res.stderr[-2000:]}")
+        client = MlflowClient(default_tracking_uri(folder / "runs" / "cpu-demo"))
+        exp = client.get_experiment_by_name("cpu-demo")
+        if exp is None:
+            raise RuntimeError(f"demo benchmark: no experiment cpu-demo under {folder}")
+        runs = client.search_runs([exp.experiment_id], f"tags.`{KIND_TAG}` = '{KIND_TRAIN}'")
     steps = sum(r.data.metrics.get("time/step_s", 0.0) for r in runs)
     return {"overrides": overrides, "walls": walls, "runs": len(runs), "step_s": steps}
 

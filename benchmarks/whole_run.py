@@ -38,7 +38,9 @@ def study_yaml(name: str, tokens: int, scale: str, variant: str) -> str:
 def _timed(argv: list[str], cwd: Path) -> tuple[float, str]:
     """(wall-clock seconds, stdout) of a command; raises RuntimeError naming it if it fails."""
     t0 = time.perf_counter()
-    res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    # the study's own store in cwd (stack_run_record reads it there), whatever the shell exports
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "PYTHONPATH": str(REPO)}
+    res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {res.returncode}: {res.stderr[-2000:]}")
@@ -61,13 +63,14 @@ def stack_run_record(folder: Path, study: str) -> dict[str, Any]:
 
 def bench(tokens: int, scale: str, variant: str) -> dict[str, Any]:
     """Both arms, back to back, in a fresh folder: walls, the plain loop's JSON, the run's metrics."""
-    folder = Path(tempfile.mkdtemp(prefix="whole-run-"))
     study = f"whole-run-{dt.datetime.now():%H%M%S}"
-    (folder / "study.yaml").write_text(study_yaml(study, tokens, scale, variant))
-    load_before = os.getloadavg()
-    stack_wall, _ = _timed([str(QKSTUDY), "run", "study.yaml"], folder)
-    record = stack_run_record(folder, study)
-    plain_wall, out = _timed([sys.executable, "-m", "benchmarks.plain_loop", "study.yaml", "--data", record["data_path"]], folder)
+    with tempfile.TemporaryDirectory(prefix="whole-run-") as tmp:
+        folder = Path(tmp)
+        (folder / "study.yaml").write_text(study_yaml(study, tokens, scale, variant))
+        load_before = os.getloadavg()
+        stack_wall, _ = _timed([str(QKSTUDY), "run", "study.yaml"], folder)
+        record = stack_run_record(folder, study)
+        plain_wall, out = _timed([sys.executable, "-m", "benchmarks.plain_loop", "study.yaml", "--data", record["data_path"]], folder)
     return {
         "study": study_yaml(study, tokens, scale, variant),
         "load_before": load_before,

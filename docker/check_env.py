@@ -10,7 +10,7 @@ are, the cluster would run with secrets anyone can read in the repository. Two p
 Rules, per secret variable (``SECRETS``) and per password inside a ``*_URI`` variable: not
 empty, no placeholder word (``change-me``, ``changeme``, ``example``, ``placeholder``...), at
 least ``MIN_LENGTH`` characters; in a file, every secret must be set, the three MLflow passwords (admin, training, reader)
-must differ, and POSTGRES_PASSWORD must be URL-safe (it goes into a connection URI). With
+must differ, so must their usernames, and POSTGRES_PASSWORD must be URL-safe (it goes into a connection URI). With
 ``--role ray`` (the Ray nodes) the server-side secrets (``SERVER_ONLY``) must be absent: a Ray
 node runs users' code, so it gets the training account and the Ray token, nothing more.
 Exit code 2 with one line per problem, naming the file (or "environment") and the variable.
@@ -33,6 +33,9 @@ RUNTIME_SECRETS = SECRETS + ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_AUTH_ADMIN_PASS
 # Secrets only the MLflow server / Postgres hold; a Ray node started with one is refused.
 SERVER_ONLY = ("POSTGRES_PASSWORD", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_ADMIN_PASSWORD_PREVIOUS",
                "MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_BACKEND_STORE_URI")
+# The accounts' names, with compose.yaml's defaults for a file that leaves one out.
+USERNAMES = {"MLFLOW_ADMIN_USERNAME": "qkstudy-admin", "QKSTUDY_TRAINING_USERNAME": "qkstudy-train",
+             "QKSTUDY_READER_USERNAME": "qkstudy-read"}
 MIN_LENGTH = 16
 _PLACEHOLDER = re.compile(r"change[-_ ]?me|changeit|example|placeholder|secret-here|<.*>", re.I)
 _URL_SAFE = re.compile(r"[A-Za-z0-9._~-]+")
@@ -91,6 +94,13 @@ def problems(env: Mapping[str, str], *, names: tuple[str, ...], require_all: boo
             for b in accounts[i + 1:]:
                 if env.get(a) and env.get(a) == env.get(b):
                     found.append(f"{b} must differ from {a}")
+        # One name for two accounts would make the bootstrap re-key or demote the other one.
+        users = {name: env.get(name) or default for name, default in USERNAMES.items()}
+        names = list(users)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                if users[a] == users[b]:
+                    found.append(f"{b} ({users[b]}) must differ from {a}: each account needs its own name")
     return found
 
 

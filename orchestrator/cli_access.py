@@ -10,12 +10,14 @@ from typing import Any
 
 import typer
 
+URI_HELP = "The MLflow server with basic auth (default: a spec's tracking_uri; a study name's MLFLOW_TRACKING_URI)."
+
 
 def grant(
     study: str = typer.Argument(..., help="Study name or spec path."),
     username: str = typer.Argument(..., help="MLflow account to grant."),
     permission: str = typer.Option("READ", "--permission", help="READ (runs, curves, report), EDIT (log runs) or MANAGE (also grant)."),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=URI_HELP),
 ) -> None:
     """Let an MLflow account read (or write) one study, on a server with basic auth; made as
     the account in MLFLOW_TRACKING_USERNAME (the admin, or the study's creator)."""
@@ -30,7 +32,7 @@ def grant(
 def revoke(
     study: str = typer.Argument(..., help="Study name or spec path."),
     username: str = typer.Argument(..., help="MLflow account whose grant to take back."),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=URI_HELP),
 ) -> None:
     """Take back a `qkstudy grant` (roles, such as the stack's readers, are untouched)."""
     from orchestrator.track.access import revoke as revoke_permission

@@ -424,14 +424,13 @@ class Study(_Strict):
         return self
 
     def _gate_problems(self) -> list[tuple[Loc, str]]:
-        """Why ``gate:`` cannot work on this study: one scale (no larger rung to skip), one seed
-        (no paired interval), or ``tune:`` (its main runs are planned after tuning)."""
+        """Why ``gate:`` cannot work on this study: one scale (no larger rung to skip) or one seed
+        (no paired interval)."""
         if self.gate is None:
             return []
         why = [
             (len(set(self._scales)) < 2, f"a gate stops an arm at larger rungs: it needs two or more scales, got {self._scales}"),
             (len(self.seeds) < 2, f"a gate decides on a paired interval: it needs two or more seeds, got {self.seeds}"),
-            (self.tune is not None, "gate: and tune: cannot be combined (the gated ladder runs untuned studies)"),
         ]
         return [(("gate",), msg) for bad, msg in why if bad]
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import currencies, gaps, gate, plots, provenance, render, run_links, startup, tables, time_split, unigram
+from orchestrator.report import currencies, gaps, gate, plots, provenance, recall, render, run_links, startup, tables, time_split, unigram
 from orchestrator.report import curves as C
 from orchestrator.report.claims import paper_claims
 from orchestrator.report.errors import ReportError
@@ -276,7 +276,9 @@ def analyse(data: StudyData, *, reference: str, target: str, expected=None, n_bo
         currencies.with_defaults([tuple(p) for p in contrasts or []], variants_seen, reference),
     )
     nums.gaps = untagged + nums.gaps
-    return _summary(data, nums, n_boot), _tables(nums), _figures(nums)
+    summary, tabs = _summary(data, nums, n_boot), _tables(nums)
+    recall.attach(tabs, summary, nums.finals, nums.metrics, reference, nums.variants, nums.scales)  # MQAR corpora only
+    return summary, tabs, _figures(nums)
 
 
 def _numbers(
@@ -457,6 +459,7 @@ def _figures(n: Numbers) -> Figures:
             plots.scaling(n.finals, n.scaling, cmap, d / "scaling.png"),
             plots.seed_spread(C.seed_std(n.finals), n.scales, cmap, d / "seed_std.png"),
             plots.attention(diag, n.scales, cmap, d / "attention.png"),
+            plots.accuracy_curves(C.curve_stats(n.finals, n.metrics, recall.ACC), n.scales, cmap, d / "accuracy_vs_tokens.png"),
         ]
         return [p for p in made if p is not None]
 

@@ -19,6 +19,7 @@ from matplotlib import ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from orchestrator.report.paper import PAPER_NOMINAL_N, PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_variant  # noqa: E402
+from orchestrator.report.recall import THRESHOLDS  # noqa: E402
 
 DPI = 110
 
@@ -155,6 +156,33 @@ def ppl_curves(
         ax.set_title(f"scale {scale}: val perplexity, seed mean", fontsize=10)
         ax.set_xlabel(XLABEL[x])
         ax.set_ylabel("val perplexity")
+        ax.grid(True, which="major", alpha=0.3)
+    return _save(fig, path)
+
+
+def accuracy_curves(curves: pd.DataFrame, scales: list[str], cmap: dict[str, str], path: Path) -> Path | None:
+    """MQAR val accuracy vs tokens seen, one panel per scale: seed mean of each variant's planned
+    (x1) run, band = +-1 seed std, dashed lines at the accuracies the report reads crossings at
+    (recall.THRESHOLDS). None when no run logged accuracy."""
+    curves = curves[curves["extend"] == 1.0]
+    if curves.empty:
+        return None
+    fig, axes = _panels(len(scales))
+    for ax, scale in zip(axes[0], scales):
+        for variant, g in curves[curves["scale"] == scale].groupby("variant", sort=False):
+            g = g.sort_values("step")
+            xs, m, s = g["step"].to_numpy(float), g["mean"].to_numpy(float), g["std"].fillna(0.0).to_numpy(float)
+            ax.plot(xs, m, color=cmap[variant], label=variant, lw=1.5)
+            ax.fill_between(xs, m - s, m + s, color=cmap[variant], alpha=0.2, lw=0)
+        for th in THRESHOLDS:
+            ax.axhline(th, color="grey", lw=0.7, ls="--")
+        ax.fill_between([], [], [], color="grey", alpha=0.2, lw=0, label=STD_BAND)
+        ax.legend(fontsize=7)
+        ax.set_ylim(0, 1)
+        ax.xaxis.set_major_formatter(ticker.EngFormatter(sep=""))
+        ax.set_title(f"scale {scale}: MQAR val accuracy, seed mean", fontsize=10)
+        ax.set_xlabel(XLABEL["step"])
+        ax.set_ylabel("val accuracy")
         ax.grid(True, which="major", alpha=0.3)
     return _save(fig, path)
 

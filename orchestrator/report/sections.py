@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from orchestrator.report import gate, provenance, run_links, startup, time_split, tuning, unigram
+from orchestrator.report import gate, provenance, recall, run_links, startup, time_split, tuning, unigram
 from orchestrator.report.interval import COVERAGE
 from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
 from orchestrator.report.scaling import CROSSOVER_LIMIT, PI_COVERAGE, SPARE_SCALES
@@ -340,15 +340,46 @@ def accuracy(tables: dict[str, pd.DataFrame]) -> Section:
             "seeds": at["n_seeds"],
         }
     )
-    return Section(
-        "MQAR accuracy",
-        [
-            "Final `final/val_accuracy` of the planned runs: the fraction of labelled (query) positions "
-            "whose argmax prediction is the target, mean ± std over seeds (the paper: perfect on "
-            "easy and medium settings)."
-        ],
-        table,
-    )
+    text = [
+        "Final `final/val_accuracy` of the planned runs: the fraction of labelled (query) positions "
+        "whose argmax prediction is the target, mean ± std over seeds (the paper: perfect on "
+        "easy and medium settings)."
+    ]
+    if recall.CROSSINGS in tables:
+        table = _with_crossings(table, tables[recall.CROSSINGS], tables[recall.RATIOS])
+        text.append(
+            "Tokens to an accuracy: per seed, where the seed's `val/accuracy` curve first reaches it, "
+            "interpolated linearly between evaluations; `>D` where it never did by its last evaluation D. "
+            f"Token ratio at {recall.RATIO_AT:.0%}: the reference's tokens to it over the variant's, "
+            f"paired by seed (above 1x: the variant got there sooner), geometric mean with the "
+            f"{recall.LEVEL:.0%} t interval on the log ratios; a censored seed makes it a bound without "
+            "an interval (orchestrator/report/recall.py)."
+        )
+    return Section("MQAR accuracy", text, table, ["accuracy_vs_tokens.png"])
+
+
+def _with_crossings(table: pd.DataFrame, cross: pd.DataFrame, ratios: pd.DataFrame) -> pd.DataFrame:
+    """The accuracy table plus, per (scale, variant), each seed's tokens to each threshold and
+    the token ratio at recall.RATIO_AT."""
+    out = table.copy()
+    for th in recall.THRESHOLDS:
+        col = recall.crossing_column(th)
+        per = {
+            k: ", ".join(_tokens_si(t) if t == t else f">{_tokens_si(last)}" for t, last in zip(g[col], g["last_tokens"]))
+            for k, g in cross.groupby(["scale", "variant"], sort=False)
+        }
+        out[f"tokens to {th:.0%} (per seed)"] = [per.get((s, v), "—") for s, v in zip(out["scale"], out["variant"])]
+    by = {(r["scale"], r["variant"]): recall.display_ratio(r) for r in ratios.to_dict("records")}
+    out[f"token ratio at {recall.RATIO_AT:.0%} [95%]"] = [by.get((s, v), "reference") for s, v in zip(out["scale"], out["variant"])]
+    return out
+
+
+def _tokens_si(x: float) -> str:
+    """Tokens with an SI suffix, 3 significant digits: 5.12M, 640k."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.0f}"
 
 
 def scaling(summary: dict) -> Section:

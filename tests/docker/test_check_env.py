@@ -79,6 +79,24 @@ def test_missing_secret_and_file_rules(tmp_path: Path) -> None:
     assert run(str(tmp_path / "absent.env")).returncode == 2
 
 
+def test_each_account_needs_its_own_username(tmp_path: Path) -> None:
+    """One name for two accounts is refused, including a name equal to another's compose default."""
+    env_file = good_env_file(tmp_path)
+    lines = env_file.read_text().splitlines()
+    env_file.write_text(
+        "\n".join("QKSTUDY_READER_USERNAME=qkstudy-train" if line.startswith("QKSTUDY_READER_USERNAME=") else line for line in lines) + "\n"
+    )
+    res = run(str(env_file))
+    assert res.returncode == 2 and "QKSTUDY_READER_USERNAME (qkstudy-train) must differ from QKSTUDY_TRAINING_USERNAME" in res.stderr
+    # the training name left out: compose's default qkstudy-train still collides
+    env_file.write_text(
+        "\n".join(line for line in env_file.read_text().splitlines() if not line.startswith("QKSTUDY_TRAINING_USERNAME=")) + "\n"
+    )
+    assert "must differ from QKSTUDY_TRAINING_USERNAME" in run(str(env_file)).stderr
+    env_file.write_text("\n".join(line for line in lines if not line.startswith("QKSTUDY_READER_USERNAME=")) + "\n")
+    assert run(str(env_file)).returncode == 0  # defaults differ
+
+
 def test_exec_checks_the_environment_then_runs_the_command(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     ok = {"RAY_AUTH_TOKEN": secrets.token_hex(16)}

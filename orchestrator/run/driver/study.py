@@ -29,7 +29,10 @@ rung by rung (scales by the reference's N), each rung one ``run_runs`` call unde
 lease; after a rung the gate's decider compares every still-training variant with the
 reference there, and a stopped arm's runs at the larger rungs are not trained (status
 ``gated``, the evidence recorded as an experiment tag, ``track.gate_record``). A resubmit
-decides again from the same finished runs, so it trains the same runs.
+decides again from the same finished runs, so it trains the same runs. With ``tune:`` too, each
+rung first tunes the arms still training there (the tuned protocol's stage, on that rung's
+runs only), then trains them at their chosen LRs: a stopped arm is neither tuned nor trained
+at the larger rungs.
 
 Layering: this module imports ``runner`` (the executor); ``runner`` never imports it. The
 gate's numbers are the report's paired contrasts (``orchestrator.report.gate.decide``), which
@@ -50,7 +53,7 @@ from orchestrator.plan.gate import GateDecider, GateEvidence, GateSpec, rungs
 from orchestrator.plan.inputs import FitError, corpus_hashes, fit_problems, plan_study
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import Study
-from orchestrator.plan.throughput import throughput_table
+from orchestrator.plan.throughput import ThroughputTable, throughput_table
 from orchestrator.plan.tune_plan import choose, extensions, plan_tuned, plan_tuning, run_key, tune_record, tuned_lrs, tuning_problems
 from orchestrator.plan.tuning import KIND, ArmKey, LrChoice
 from orchestrator.run.driver.leasing import study_lease
@@ -139,6 +142,26 @@ def unigram_ppls(tracking_uri: str, study_name: str) -> dict[str, float]:
     return {c: float(u["val_ppl"]) for c, u in unigram_from_tags(exp.tags).items()} if exp is not None else {}
 
 
+def _merge(into: StudyResult, res: StudyResult) -> StudyResult:
+    """Add ``res``'s statuses, reasons and seconds to ``into`` (returned). A run handed again
+    (a tuning run in an edge-extension round) comes back ``skipped``: what it did first stays."""
+    into.status.update({k: v for k, v in res.status.items() if v != "skipped" or k not in into.status})
+    into.reasons.update(res.reasons)
+    into.wall_s += res.wall_s
+    return into
+
+
+def _staged(study: Study, lease: Any, **run_kw: Any) -> Callable[..., StudyResult]:
+    """``stage(runs, timeline=None)``: ``run_runs`` of ``study``'s ``runs`` under ``lease``
+    (taken by the caller and held across its stages), with ``run_kw`` (address, console, ...)."""
+    uri, storage = study_tracking_uri(study), study.resolved_storage_path
+
+    def stage(runs: list[RunSpec], timeline: Timeline | None = None) -> StudyResult:
+        return run_runs(runs, study.name, uri, storage, lease=lease, timeline=timeline, **run_kw)
+
+    return stage
+
+
 def _tune(
     study: Study,
     untuned: list[RunSpec],
@@ -168,10 +191,22 @@ def _tune(
         # every tuning run again, not only the new: records of an arm's slot that a submission
         # does not plan are superseded (run.driver.records); finished ones are skipped by id
         tuning = tuning + new
-        more = stage(tuning)
-        result.status.update({k: v for k, v in more.status.items() if v != "skipped" or k not in result.status})
-        result.reasons.update(more.reasons)
-        result.wall_s += more.wall_s
+        _merge(result, stage(tuning))
+
+
+def _chosen_lrs(study: Study, tuning: list[RunSpec], choices: dict[ArmKey, LrChoice], console: Console) -> dict[ArmKey, float] | None:
+    """Each tuned arm's LR, printed; None (and why, printed) while a tuning run has no result or
+    an arm has no usable LR: its main runs are then not planned."""
+    incomplete = sorted(k for k, c in choices.items() if not c.complete) + sorted({run_key(study, r) for r in tuning} - set(choices))
+    try:
+        if incomplete:
+            raise ValueError(f"tuning runs of {incomplete} have no result yet")
+        lrs = tuned_lrs(study, choices)
+    except ValueError as e:
+        console.print(f"[red]main runs not planned[/]: {e}")
+        return None
+    _print_choices(choices, console)
+    return lrs
 
 
 def run_tuned_study(
@@ -210,37 +245,14 @@ def run_tuned_study(
     if problems := problems + fit_problems(study, tuning + untuned):
         raise FitError(problems)
     with study_lease(study.name, storage, console, wait=wait) as lease:
-
-        def stage(runs: list[RunSpec], timeline: Timeline | None = None) -> StudyResult:  # under the lease held here
-            return run_runs(
-                runs,
-                study.name,
-                uri,
-                storage,
-                address=address,
-                console=console,
-                verbose=verbose,
-                max_in_flight=max_in_flight,
-                lease=lease,
-                timeline=timeline,
-                provenance=provenance,
-            )
-
+        run_kw = dict(address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, provenance=provenance)
+        stage = _staged(study, lease, **run_kw)
         result, tuning, choices = _tune(study, untuned, tuning, stage, uri, console, timeline)
-        incomplete = sorted(k for k, c in choices.items() if not c.complete) + sorted({run_key(study, r) for r in tuning} - set(choices))
-        try:
-            if incomplete:
-                raise ValueError(f"tuning runs of {incomplete} have no result yet")
-            lrs = tuned_lrs(study, choices)
-        except ValueError as e:
-            console.print(f"[red]main runs not planned[/]: {e}")
+        lrs = _chosen_lrs(study, tuning, choices, console)
+        if lrs is None:
             return result
-        _print_choices(choices, console)
         main = stage(plan_tuned(study, table, data, lrs))
-    main.status.update(result.status)
-    main.reasons.update(result.reasons)
-    main.wall_s += result.wall_s
-    return main
+    return _merge(main, result)
 
 
 def run_gated_study(
@@ -274,31 +286,28 @@ def run_gated_study(
     gate = study.gate
     console = console or Console(stderr=True)
     uri, storage = study_tracking_uri(study), study.resolved_storage_path
-    runs = plan_study(study)
+    table, data = throughput_table(study), corpus_hashes(study, True)
+    runs = plan(study, table, data)  # with tune:, at the recipe LR: each rung's tuning replaces it
+    problems = tuning_problems(study, runs) if study.tune is not None else []
+    if problems := problems + fit_problems(study, runs + (plan_tuning(study, runs) if study.tune is not None and not problems else [])):
+        raise FitError(problems)
+
     ladder = rungs(study.reference, runs)
     result = StudyResult()
     stopped: dict[tuple[str, str], GateEvidence] = {}
     with study_lease(study.name, storage, console, wait=wait) as lease:
+        stage = _staged(study, lease, address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, provenance=provenance)
         for k, scale in enumerate(ladder):
             todo = [r for r in runs if r.scale == scale and (r.corpus_name, r.variant) not in stopped]
             console.print(f"[bold]rung {k + 1}/{len(ladder)}[/] ({scale}): {len(todo)} runs")
             first = timeline if k == 0 else None  # a later rung's runs start their own timeline
-            res = run_runs(
-                todo,
-                study.name,
-                uri,
-                storage,
-                address=address,
-                console=console,
-                verbose=verbose,
-                max_in_flight=max_in_flight,
-                lease=lease,
-                timeline=first,
-                provenance=provenance,
-            )
-            result.status.update(res.status)
-            result.reasons.update(res.reasons)
-            result.wall_s += res.wall_s
+            if study.tune is not None:  # only the arms still training are tuned, at this rung only
+                at_lrs, tuned = _tuned_rung(study, todo, (table, data), stage, uri, console, first)
+                if at_lrs is None:
+                    return _merge(result, tuned)
+                todo, first = at_lrs, None
+                _merge(result, tuned)
+            _merge(result, stage(todo, first))
             if k + 1 < len(ladder):
                 alive = {(r.corpus_name, r.variant) for r in todo}
                 stopped |= _gate_rung(study, gate, decide, uri, scale, k + 1, alive, ladder[k + 1 :], console)
@@ -306,6 +315,25 @@ def run_gated_study(
         if (ev := stopped.get((r.corpus_name, r.variant))) is not None and r.scale in ev.skipped:
             result.status[r.run_id], result.reasons[r.run_id] = GATED, ev.sentence()
     return result
+
+
+def _tuned_rung(
+    study: Study,
+    todo: list[RunSpec],
+    inputs: tuple[ThroughputTable | None, dict[str, str | None]],
+    stage: Callable[..., StudyResult],
+    uri: str,
+    console: Console,
+    timeline: Timeline | None,
+) -> tuple[list[RunSpec] | None, StudyResult]:
+    """One rung of a tuned gated ladder: ``todo`` (its runs at the recipe LR) tuned by the
+    tuning stage on those runs' arms only, returned at the LRs it chose (None when it could not
+    choose, printed) with the tuning runs' statuses. ``inputs``: the study's throughput table
+    and corpus hashes, as planned."""
+    result, tuning, choices = _tune(study, todo, plan_tuning(study, todo), stage, uri, console, timeline)
+    lrs = _chosen_lrs(study, tuning, choices, console)
+    slots = {(r.corpus_name, r.variant, r.scale) for r in todo}
+    return (None if lrs is None else [r for r in plan_tuned(study, *inputs, lrs) if (r.corpus_name, r.variant, r.scale) in slots]), result
 
 
 def _gate_rung(

@@ -65,3 +65,38 @@ def test_studies_without_accuracy_have_no_accuracy_section(main_report):
     assert not (out / "accuracy.csv").exists() and "accuracy.csv" not in summary["tables"]
     runs = pd.read_csv(out / "runs.csv")
     assert np.isnan(runs["final_accuracy"]).all()
+
+
+def test_accuracy_curves_give_each_seeds_crossings_and_the_ratio_at_90pct(mqar_report, synthetic_store):
+    """The synthetic runs log val/accuracy = final accuracy x step / planned tokens, a line through
+    0, so each seed crosses a at a / final x planned exactly. Standard (0.62) never reaches 90%:
+    coupled's ratio there is a '>' bound, with no interval."""
+    summary, out = mqar_report
+    cross = pd.read_csv(out / "accuracy_crossings.csv")
+    client = MlflowClient(synthetic_store)
+    exp = client.get_experiment_by_name(MQAR.study)
+    logged = {
+        (run_tag(r.data.tags, "scale"), run_tag(r.data.tags, "variant"), int(run_tag(r.data.tags, "seed"))): (
+            r.data.metrics["final/val_accuracy"],
+            float(r.data.params["planned_tokens"]),
+        )
+        for r in client.search_runs([exp.experiment_id])
+        if run_tag(r.data.tags, "extend") == "1"
+    }
+    assert len(cross) == len(logged) == 12
+    for r in cross.itertuples():
+        acc, planned = logged[(r.scale, r.variant, r.seed)]
+        assert r.tokens_to_50pct == pytest.approx(0.5 / acc * planned, rel=1e-6)
+        assert (r.tokens_to_90pct == pytest.approx(0.9 / acc * planned, rel=1e-6)) if acc >= 0.9 else np.isnan(r.tokens_to_90pct)
+    ratio = {r["scale"]: r for r in summary["accuracy_ratio"]}
+    for scale in ("xs", "s"):
+        r = ratio[scale]
+        assert r["direction"] == ">" and r["ci_low"] is None and r["pairs"] == 3
+        bound = [
+            logged[(scale, "standard", s)][1] / (0.9 / logged[(scale, "coupled", s)][0] * logged[(scale, "coupled", s)][1])
+            for s in (0, 1, 2)
+        ]
+        assert r["ratio"] == pytest.approx(float(np.exp(np.mean(np.log(bound)))), rel=1e-6)
+    section = (out / "report.md").read_text().split("## MQAR accuracy")[1].split("\n## ")[0]
+    assert f">{ratio['xs']['ratio']:.2f}x" in section and "accuracy_vs_tokens.png" in section
+    assert (out / "accuracy_vs_tokens.png").stat().st_size > 0

@@ -74,3 +74,46 @@ def test_a_gated_study_needs_a_decider(study):
         study_mod.run_study(study)
     with pytest.raises(ValueError, match="has no gate"):
         study_mod.run_gated_study(study.model_copy(update={"gate": None}), lambda *a: [])
+
+
+def test_a_tuned_gated_ladder_tunes_each_rung_for_the_arms_still_training(tmp_path, monkeypatch):
+    """With tune: each rung hands its tuning runs (alive arms only), then its main runs at the
+    chosen LR; the stopped arm is neither tuned nor trained at the larger rungs."""
+    study = parse_spec(
+        {
+            "name": "gated-tuned",
+            "corpus": CORPUS,
+            "scales": ["cpu-s", "cpu-xs"],
+            "variants": ["standard", "coupled"],
+            "seeds": [0, 1],
+            "budget": {"mode": "tokens", "tokens": 4096, "max_epochs": 1000},
+            "train": {"global_batch": 8, "seq_len": 64},
+            "tune": {"lr": [1e-3, 2e-3, 4e-3], "tokens": 0.5, "seeds": [0], "min_steps": 1},
+            "gate": {"worse_than": 0.02},
+            "workdir": str(tmp_path / "w"),
+        }
+    )
+    handed: list[list[tuple]] = []
+
+    def fake_run_runs(runs, *a, lease=None, **kw):
+        assert lease is not None
+        handed.append(sorted({(r.kind, r.scale, r.variant, r.train.lr) for r in runs}))
+        return StudyResult(status={r.run_id: "finished" for r in runs})
+
+    def outcomes(uri, name, runs):  # best at 2e-3 for every arm: an interior optimum, no extension
+        return {r.run_id: (1.0 + abs(math.log(r.train.lr / 2e-3)), "finished") for r in runs}
+
+    def decide(uri, name, reference, gate, scale, rung, variants):
+        return [_evidence(corpus, "coupled", scale, rung, stopped=True) for corpus in study.corpus_map]
+
+    monkeypatch.setattr(study_mod, "run_runs", fake_run_runs)
+    monkeypatch.setattr(study_mod, "tuning_outcomes", outcomes)
+    res = study_mod.run_study(study, gate_decider=decide)
+
+    grid = [1e-3, 2e-3, 4e-3]
+    assert handed[0] == sorted(("tune", "cpu-xs", v, lr) for v in ("coupled", "standard") for lr in grid)
+    assert handed[1] == [("train", "cpu-xs", "coupled", 2e-3), ("train", "cpu-xs", "standard", 2e-3)]
+    assert handed[2] == [("tune", "cpu-s", "standard", lr) for lr in grid]  # coupled stopped: not tuned at cpu-s
+    assert handed[3] == [("train", "cpu-s", "standard", 2e-3)] and len(handed) == 4
+    gated = [rid for rid, s in res.status.items() if s == "gated"]
+    assert len(gated) == 2 and res.ok  # coupled at cpu-s, two seeds
