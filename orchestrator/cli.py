@@ -330,7 +330,10 @@ def report(
         planned, notes = plan_against(spec, study_records(name, uri))  # on the data MLflow's runs used
         for line in notes:
             err.print(f"[yellow]warning[/]: {escape(line)}")
-        expected = [{"variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend, "corpus": r.corpus_name} for r in planned]
+        expected = [
+            {"variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend, "corpus": r.corpus_name, "flops": r.total_flops}
+            for r in planned
+        ]
     target = out_dir or default_workdir(name) / "report"
     with _progress_line() as progress:
         summary = build_report(

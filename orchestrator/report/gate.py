@@ -119,7 +119,18 @@ def attach(summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, expe
         issues.loc[gated, "problem"] = "gated"
         issues.loc[gated, "detail"] = [why[k] for k, g in zip(keys, gated) if g]
     summary["gates"] = [{"corpus": e.corpus, "variant": e.variant, "sentence": e.sentence(), **_numbers(e)} for e in stopped]
+    summary["gate_saving"] = saving(runs["gated"], runs.get("planned_flops"))
     tabs[TABLE] = evidence_table(stopped)
+
+
+def saving(gated: list[dict], planned_flops: float | None) -> dict | None:
+    """The training FLOPs the gate did not spend: the gated runs' planned FLOPs, and their
+    fraction of the whole plan's (every arm at every rung). None without the plan's FLOPs (a
+    report built from the study's name, not its spec). Tuning runs are not counted."""
+    if planned_flops is None or not planned_flops or any("flops" not in g for g in gated):
+        return None
+    saved = float(sum(g["flops"] for g in gated))
+    return {"saved_flops": saved, "planned_flops": planned_flops, "fraction": saved / planned_flops}
 
 
 def _numbers(e: GateEvidence) -> dict:
@@ -162,4 +173,11 @@ def section_text(summary: dict) -> list[str]:
     for g in summary.get("gates", []):
         where = f" on corpus `{g['corpus']}`" if summary.get("corpus") else ""
         text.append(f"`{g['variant']}`{where} {g['sentence']}; not trained at {', '.join(g['skipped']) or '—'}.")
+    s = summary.get("gate_saving")
+    text.append(
+        f"The gate saved {s['saved_flops']:.3g} training FLOPs of the {s['planned_flops']:.3g} the plan's runs cost with every arm "
+        f"at every rung ({s['fraction']:.1%}; tuning runs not counted)."
+        if s
+        else "What the gate saved is not computed: the report was built without the study's spec (its plan's FLOPs)."
+    )
     return text

@@ -152,8 +152,27 @@ def display_ratio(r: dict) -> str:
     """'1.32x [0.85, 2.05]', '<0.61x', or 'n/a (why)'."""
     if r["ratio"] is None or pd.isna(r["ratio"]):
         return f"n/a ({r['note']})"
-    head = f"{r['direction']}{r['ratio']:.2f}x"
+    direction = r["direction"] if isinstance(r["direction"], str) else ""  # '' reads back from a CSV as NaN
+    head = f"{direction}{r['ratio']:.2f}x"
     return head if r["ci_low"] is None or pd.isna(r["ci_low"]) else f"{head} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+
+
+def format_tokens(x: float) -> str:
+    """Tokens with an SI suffix, 3 significant digits: 5.12M, 640k."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.0f}"
+
+
+def seed_crossings(cross: pd.DataFrame, threshold: float) -> dict[tuple[str, str], str]:
+    """(scale, variant) -> each seed's tokens to ``threshold``, in seed order: '5.12M, >12.3M'
+    (``>D``: not reached by its last evaluation D)."""
+    col = crossing_column(threshold)
+    return {
+        k: ", ".join(format_tokens(t) if t == t else f">{format_tokens(last)}" for t, last in zip(g[col], g["last_tokens"]))
+        for k, g in cross.sort_values("seed").groupby(["scale", "variant"], sort=False)
+    }
 
 
 def crossing_column(threshold: float) -> str:

@@ -363,23 +363,11 @@ def _with_crossings(table: pd.DataFrame, cross: pd.DataFrame, ratios: pd.DataFra
     the token ratio at recall.RATIO_AT."""
     out = table.copy()
     for th in recall.THRESHOLDS:
-        col = recall.crossing_column(th)
-        per = {
-            k: ", ".join(_tokens_si(t) if t == t else f">{_tokens_si(last)}" for t, last in zip(g[col], g["last_tokens"]))
-            for k, g in cross.groupby(["scale", "variant"], sort=False)
-        }
+        per = recall.seed_crossings(cross, th)
         out[f"tokens to {th:.0%} (per seed)"] = [per.get((s, v), "—") for s, v in zip(out["scale"], out["variant"])]
     by = {(r["scale"], r["variant"]): recall.display_ratio(r) for r in ratios.to_dict("records")}
     out[f"token ratio at {recall.RATIO_AT:.0%} [95%]"] = [by.get((s, v), "reference") for s, v in zip(out["scale"], out["variant"])]
     return out
-
-
-def _tokens_si(x: float) -> str:
-    """Tokens with an SI suffix, 3 significant digits: 5.12M, 640k."""
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{suffix}"
-    return f"{x:.0f}"
 
 
 def scaling(summary: dict) -> Section:

@@ -134,8 +134,10 @@ def ratio_table(ratios: list[dict]) -> pd.DataFrame:
 def run_status(finals: pd.DataFrame, expected) -> dict:
     """Failed, incomplete (running, or finished without final/val_ppl) and missing runs.
 
-    expected: planned runs (dicts with variant, scale, seed, extend) or None for the grid the
-    runs present imply (inferred_grid). Returns counts, the three lists and their "table".
+    expected: planned runs (dicts with variant, scale, seed, extend, optionally flops: its training
+    FLOPs) or None for the grid the runs present imply (inferred_grid). Returns counts, the three
+    lists and their "table", and "planned_flops" (the plan's total when every run gives flops, else
+    None; each missing run then carries its own).
     """
     recs = finals.to_dict(orient="records")
     failed = [_issue(r, "failed") for r in recs if r["status"] == "failed"]
@@ -154,7 +156,13 @@ def run_status(finals: pd.DataFrame, expected) -> dict:
         {"problem": "missing", "run_name": "", "variant": v, "scale": s, "seed": sd, "extend": e, "detail": "planned but no MLflow run"}
         for v, s, sd, e in sorted(grid - present, key=lambda k: (k[1], k[0], k[3], k[2]))
     ]
+    # A plan that gives each run's training FLOPs: what a missing (or gated) run would have cost.
+    flops = {(e["variant"], e["scale"], int(e["seed"]), float(e.get("extend", 1.0))): e["flops"] for e in expected or [] if "flops" in e}
+    for m in missing:
+        if (key := (m["variant"], m["scale"], m["seed"], m["extend"])) in flops:
+            m["flops"] = flops[key]
     return {
+        "planned_flops": float(sum(flops.values())) if expected and len(flops) == len(expected) else None,
         "total": len(recs),
         "finished": int(finals["complete"].sum()),
         "failed": failed,

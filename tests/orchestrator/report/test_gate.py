@@ -112,6 +112,29 @@ def test_the_report_marks_the_stopped_arm_with_its_evidence(store, tmp_path):
     assert (tmp_path / "report" / f"{TABLE}.csv").read_text().startswith("corpus,variant,stopped_at,rung,currency,bound,dloss")
 
 
+def test_the_report_gives_the_compute_the_gate_saved(store, tmp_path):
+    """Given the plan's FLOPs per run (as `qkstudy report SPEC` passes them), the saving is the
+    gated runs' planned FLOPs over the whole plan's: here the 3 `bad` runs at rung s, each 1e18 of
+    a plan of 4 arms x 2 rungs x 3 seeds plus the reference's extends. Without them, it says so."""
+    client = client_for(store)
+    exp_id = client.get_experiment_by_name(GATED.study).experiment_id
+    for e in decide(store, GATED.study, "standard", GateSpec(worse_than=0.02), "xs", 1, ARMS):
+        record_gate(client, exp_id, dataclasses.replace(e, skipped=("s",)) if e.stopped else e)
+    plan = [
+        {"variant": v, "scale": sc, "seed": sd, "extend": ext, "flops": (1e18 if v == "bad" and sc == "s" else 2e18)}
+        for v in ARMS
+        for sc in ("xs", "s")
+        for sd in (0, 1, 2)
+        for ext in ((1.0, 2.0) if v == "standard" else (1.0,))
+    ]
+    summary = build_report(GATED.study, store, tmp_path / "r", n_boot=50, log_to_mlflow=False, expected=plan)
+    total = 3 * 1e18 + (len(plan) - 3) * 2e18
+    assert summary["gate_saving"] == pytest.approx({"saved_flops": 3e18, "planned_flops": total, "fraction": 3e18 / total})
+    assert f"The gate saved 3e+18 training FLOPs of the {total:.3g}" in (tmp_path / "r" / "report.md").read_text()
+    bare = build_report(GATED.study, store, tmp_path / "bare", n_boot=50, log_to_mlflow=False)
+    assert bare["gate_saving"] is None and "What the gate saved is not computed" in (tmp_path / "bare" / "report.md").read_text()
+
+
 def test_an_arm_no_longer_stopped_loses_its_record(store):
     client = client_for(store)
     exp_id = client.get_experiment_by_name(FLOP_MATCHED.study).experiment_id
