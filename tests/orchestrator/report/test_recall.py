@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.report.recall import accuracy_ratio, crossing_column, display_ratio, tokens_to
+from orchestrator.report.recall import accuracy_ratio, crossing_column, display_ratio, seed_crossings, tokens_to
 
 COL = crossing_column(0.9)
 
@@ -50,9 +50,12 @@ def test_tokens_to_recovers_a_known_crossing_within_the_interpolation_error():
     assert abs(nearest / truth - 1) > 0.02 > 5 * err
 
 
-def _cross(rows: list[tuple]) -> pd.DataFrame:
-    """A crossing table from (variant, seed, tokens_to_90, last_tokens)."""
-    return pd.DataFrame([{"scale": "xs", "variant": v, "seed": s, COL: t, "last_tokens": last} for v, s, t, last in rows])
+def _cross(rows: list[tuple], first: float = 2.5e5) -> pd.DataFrame:
+    """A crossing table from (variant, seed, tokens_to_90, last_tokens), every run's first
+    evaluation at ``first`` tokens."""
+    return pd.DataFrame(
+        [{"scale": "xs", "variant": v, "seed": s, COL: t, "first_tokens": first, "last_tokens": last} for v, s, t, last in rows]
+    )
 
 
 def test_the_ratio_is_the_geometric_mean_of_the_paired_ratios_with_a_t_interval():
@@ -121,3 +124,35 @@ def test_a_seed_that_never_got_there_makes_the_ratio_a_bound_or_none():
     assert both_ways["ratio"] is None and "both ways" in both_ways["note"]
     neither = accuracy_ratio(_cross([("standard", 0, np.nan, 1e7), ("coupled", 0, np.nan, 1e7)]), "xs", "coupled", "standard")
     assert neither["ratio"] is None and display_ratio(neither) == "n/a (seed 0: neither arm reached 90%)"
+
+
+def test_a_crossing_at_the_first_evaluation_is_at_most_its_tokens():
+    """Reached by the first evaluation, a crossing is only known as <= those tokens: the variant's
+    makes the ratio a '>' bound, the reference's a '<' one, both at once no ratio. The control: a
+    crossing just after the first evaluation is exact, with an interval."""
+    first = 1e6
+    fast_variant = accuracy_ratio(
+        _cross([("standard", 0, 6e6, 1e7), ("standard", 1, 8e6, 1e7), ("coupled", 0, first, 1e7), ("coupled", 1, 4e6, 1e7)], first),
+        "xs",
+        "coupled",
+        "standard",
+    )
+    assert (
+        fast_variant["direction"] == ">" and fast_variant["ratio"] == pytest.approx(math.sqrt(6.0 * 2.0)) and fast_variant["ci_low"] is None
+    )
+    fast_ref = accuracy_ratio(_cross([("standard", 0, first, 1e7), ("coupled", 0, 4e6, 1e7)], first), "xs", "coupled", "standard")
+    assert fast_ref["direction"] == "<" and fast_ref["ratio"] == pytest.approx(0.25)
+    both = accuracy_ratio(_cross([("standard", 0, first, 1e7), ("coupled", 0, first, 1e7)], first), "xs", "coupled", "standard")
+    assert both["ratio"] is None and both["note"] == "seed 0: its bounds point both ways at 90%"
+    # the variant known to be slower than 1e7 and the reference by 1e6: both push the ratio down
+    down = accuracy_ratio(_cross([("standard", 0, first, 1e7), ("coupled", 0, np.nan, 1e7)], first), "xs", "coupled", "standard")
+    assert down["direction"] == "<" and down["ratio"] == pytest.approx(0.1)
+    control = accuracy_ratio(
+        _cross([("standard", 0, 6e6, 1e7), ("standard", 1, 8e6, 1e7), ("coupled", 0, first * 1.01, 1e7), ("coupled", 1, 4e6, 1e7)], first),
+        "xs",
+        "coupled",
+        "standard",
+    )
+    assert control["direction"] == "" and control["ci_low"] is not None
+    cells = seed_crossings(_cross([("coupled", 0, first, 1e7), ("coupled", 1, 4e6, 1e7), ("coupled", 2, np.nan, 1.2e7)], first), 0.9)
+    assert cells == {("xs", "coupled"): "<=1M, 4M, >12M"}
