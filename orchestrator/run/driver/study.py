@@ -142,6 +142,21 @@ def unigram_ppls(tracking_uri: str, study_name: str) -> dict[str, float]:
     return {c: float(u["val_ppl"]) for c, u in unigram_from_tags(exp.tags).items()} if exp is not None else {}
 
 
+def _checked_plan(study: Study) -> tuple[ThroughputTable | None, dict[str, str | None], list[RunSpec]]:
+    """(throughput table, corpus hashes, runs) of ``study``, its runs at the recipe LR. The main
+    runs' tokens and shapes are known before tuning (it picks only their LR), so every run and,
+    with ``tune:``, every tuning run is checked here, before the lease, Ray or MLflow. Raises
+    FitError: a run over ``budget.max_epochs`` or the declared device memory, or tuning runs too
+    short to rank learning rates (``tune.min_steps``)."""
+    table, data = throughput_table(study), corpus_hashes(study, True)
+    runs = plan(study, table, data)
+    problems = tuning_problems(study, runs) if study.tune is not None else []
+    tuning = plan_tuning(study, runs) if study.tune is not None and not problems else []
+    if problems := problems + fit_problems(study, tuning + runs):
+        raise FitError(problems)
+    return table, data, runs
+
+
 def _merge(into: StudyResult, res: StudyResult) -> StudyResult:
     """Add ``res``'s statuses, reasons and seconds to ``into`` (returned). A run handed again
     (a tuning run in an edge-extension round) comes back ``skipped``: what it did first stays."""
@@ -236,17 +251,10 @@ def run_tuned_study(
     """
     console = console or Console(stderr=True)
     uri, storage = study_tracking_uri(study), study.resolved_storage_path
-    table, data = throughput_table(study), corpus_hashes(study, True)
-    untuned = plan(study, table, data)
-    # the main runs' tokens and shapes are known before tuning (it picks only their LR); tuning
-    # runs too short to rank learning rates (tune.min_steps) are refused with them
-    problems = tuning_problems(study, untuned)
-    tuning = [] if problems else plan_tuning(study, untuned)
-    if problems := problems + fit_problems(study, tuning + untuned):
-        raise FitError(problems)
+    table, data, untuned = _checked_plan(study)
+    tuning = plan_tuning(study, untuned)
     with study_lease(study.name, storage, console, wait=wait) as lease:
-        run_kw = dict(address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, provenance=provenance)
-        stage = _staged(study, lease, **run_kw)
+        stage = _staged(study, lease, address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, provenance=provenance)
         result, tuning, choices = _tune(study, untuned, tuning, stage, uri, console, timeline)
         lrs = _chosen_lrs(study, tuning, choices, console)
         if lrs is None:
@@ -286,12 +294,7 @@ def run_gated_study(
     gate = study.gate
     console = console or Console(stderr=True)
     uri, storage = study_tracking_uri(study), study.resolved_storage_path
-    table, data = throughput_table(study), corpus_hashes(study, True)
-    runs = plan(study, table, data)  # with tune:, at the recipe LR: each rung's tuning replaces it
-    problems = tuning_problems(study, runs) if study.tune is not None else []
-    if problems := problems + fit_problems(study, runs + (plan_tuning(study, runs) if study.tune is not None and not problems else [])):
-        raise FitError(problems)
-
+    table, data, runs = _checked_plan(study)  # with tune:, at the recipe LR: each rung's tuning replaces it
     ladder = rungs(study.reference, runs)
     result = StudyResult()
     stopped: dict[tuple[str, str], GateEvidence] = {}
