@@ -240,7 +240,9 @@ def paper_claims(tables: dict[str, pd.DataFrame]) -> Section:
         "(0 for a loss difference, 1 for a ratio) and excludes it; *contradicts* when it excludes the paper's value (a "
         "claim without a value: when it lies on the other side of the null); *cannot tell* otherwise. Loss differences "
         "are paired t intervals (nats; the paper's perplexity ratio as its log); the seed-std claim is a variance-ratio F "
-        "interval; an interval end marked ∞ is open."
+        "interval; an interval end marked ∞ is open. On MQAR the paper's perplexity numbers do not apply: its recall "
+        "claim is coupled's final accuracy (a t interval over seeds) against 99%, and its sample efficiency the seed-paired "
+        "token ratio at 90% accuracy (a t interval on the log ratios; a bound gives no verdict)."
     ]
     if not len(cl):
         return Section("Paper claims decided by intervals", [*text, "None: the study has no variant pair the paper's claims name."])

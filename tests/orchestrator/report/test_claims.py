@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.report.claims import CANNOT_TELL, CONTRADICTS, REPRODUCES, decide, paper_claims, variance_ratio
+from orchestrator.report.claims import CANNOT_TELL, CONTRADICTS, REPRODUCES, SOLVED, decide, paper_claims, variance_ratio
 from orchestrator.report.verdict import holm
 from tests.synthetic_study import SyntheticStudy, finals_frame
 
@@ -83,3 +83,47 @@ def test_a_study_like_the_paper_reproduces_and_one_against_it_contradicts():
     f = _finals(against)
     claims = paper_claims(f, EMPTY_METRICS, ["xs"], ["standard", "coupled"], [token_ratio("xs", "coupled", "standard", f).to_dict()])
     assert {c.claim: c.decision for c in claims}["coupled has lower loss than standard"] == CONTRADICTS
+
+
+def _mqar(coupled_final: tuple[float, float], coupled_mid: tuple[float, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A 2-seed MQAR study (finals, metrics): standard learns to 0.999 with its jump at 6M tokens
+    in both seeds; coupled ends at ``coupled_final[s]`` with its jump at ``coupled_mid[s]``.
+    Curves: a guess among 4 values (0.25) rising logistically in ln tokens, 24 evaluations."""
+    t = np.linspace(5.12e5, 1.2288e7, 24)
+    finals, metrics = [], []
+    for v, final, mid in (("standard", (0.999, 0.999), (6e6, 6e6)), ("coupled", coupled_final, coupled_mid)):
+        for seed in (0, 1):
+            rid = f"{v}-{seed}"
+            acc = 0.25 + (final[seed] - 0.25) / (1 + np.exp(-(np.log(t) - math.log(mid[seed])) / 0.15))
+            finals.append(dict(run_uuid=rid, scale="mqar", variant=v, seed=seed, extend=1.0, status="finished",
+                               complete=True, final_ppl=1.5, final_accuracy=acc[-1]))  # fmt: skip
+            metrics += [dict(run_uuid=rid, key="val/accuracy", step=x, value=a) for x, a in zip(t, acc)]
+    return pd.DataFrame(finals), pd.DataFrame(metrics)
+
+
+def _mqar_claims(f: pd.DataFrame, m: pd.DataFrame) -> dict:
+    return {c.claim.split(" (")[0]: c for c in paper_claims(f, m, ["mqar"], ["standard", "coupled"], [])}
+
+
+RECALL, FASTER = "coupled recalls perfectly on MQAR", "coupled reaches 90% MQAR accuracy on fewer tokens than standard"
+
+
+def test_mqar_claims_decide_recall_and_tokens_to_90pct_and_drop_the_perplexity_claims():
+    """Known answers: coupled at 99.9% in both seeds reproduces "perfect" recall, and its jump at
+    half standard's tokens (2.0x and 2.1x by seed) gives a token ratio at 90% near 2 whose interval
+    excludes 1. Negative controls: coupled at 80-82% contradicts "perfect"; jumping at 0.80x and
+    0.79x standard's speed contradicts "fewer tokens"; never reaching 90% is a bound: no verdict.
+    The WikiText perplexity claims are not applied to an MQAR loss."""
+    got = _mqar_claims(*_mqar((0.999, 0.999), (3e6, 6e6 / 2.1)))
+    assert set(got) == {RECALL, FASTER}
+    assert got[RECALL].decision == REPRODUCES and got[RECALL].estimate == pytest.approx(0.999, abs=1e-3) and got[RECALL].low > SOLVED
+    ratio = got[FASTER]
+    assert ratio.decision == REPRODUCES and ratio.estimate == pytest.approx(math.sqrt(2.0 * 2.1), rel=0.02)
+    assert 1 < ratio.low < 2 < ratio.high
+    got = _mqar_claims(*_mqar((0.80, 0.82), (9e6, 1e7)))
+    assert got[RECALL].decision == CONTRADICTS and got[RECALL].high < SOLVED
+    assert got[FASTER].decision == CANNOT_TELL and got[FASTER].note.startswith("<") and math.isnan(got[FASTER].low)
+    spread = _mqar_claims(*_mqar((0.30, 0.95), (3e6, 6e6)))[RECALL]  # t interval 0.62 ± 4.1, cut to where accuracy lies
+    assert (spread.low, spread.high, spread.decision) == (0.0, 1.0, CANNOT_TELL)
+    later = _mqar_claims(*_mqar((0.999, 0.999), (7.5e6, 7.6e6)))
+    assert later[FASTER].decision == CONTRADICTS and later[FASTER].high < 1
