@@ -55,7 +55,7 @@ def test_accuracy_table_is_the_seed_mean_and_std_of_the_logged_finals(mqar_repor
     md = (out / "report.md").read_text()
     section = md.split("## MQAR accuracy")[1].split("## ")[0]
     c = truth.loc[("xs", "coupled")]
-    assert f"{c['mean']:.3f} ± {c['std']:.3f}" in section
+    assert f"{100 * c['mean']:.2f} ± {100 * c['std']:.2f}" in section
     assert "accuracy.csv" in summary["tables"]
 
 
