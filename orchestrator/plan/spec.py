@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -243,11 +243,12 @@ class ResourcesSpec(_Strict):
     zero_stage: Literal[0, 1, 2, 3] = 2
     max_retries: int = Field(default=1, ge=0)
     # Runs trained back to back by one Ray Train worker group. Starting a group (controller,
-    # worker processes, process group, imports) costs ~14 s per run on 2 CPUs (BENCHMARKS.md,
-    # `benchmarks.training --startup`; ~4 s packed), which dominates runs of a minute or two;
-    # packing amortises it. Packs are fixed by the plan, so a resubmitted study finds each
-    # pack's checkpoints again.
-    runs_per_trainer: int = Field(default=1, ge=1)
+    # worker processes, process group, imports, DeepSpeed engine) costs 10-25 s on 2 CPUs, each
+    # further run of a group 0.5-0.7 s (BENCHMARKS.md), which dominates runs of a minute or two.
+    # auto: one group per slot the cluster has at the start (run.driver.packing); a number:
+    # fixed groups of that many consecutive runs. Either way a run keeps the group it was first
+    # launched in, so a resubmit finds its checkpoints.
+    runs_per_trainer: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     # torch.compile the model in each worker (nn.Module.compile: in place, same state-dict
     # keys, so checkpoints are unchanged). Off by default: on 2 CPU cores it made cpu-xs and
     # cpu-s steps 2-6% slower and cost 16-22 s before the first step (BENCHMARKS.md). Not in

@@ -70,6 +70,7 @@ RUN_TAGS = (
     "branched_at_tokens",
     "superseded_by",
     "superseded_reason",
+    "pack",
     "restarts",
     "resumed_from_tokens",
     "resume_fallback",

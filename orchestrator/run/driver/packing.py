@@ -1,12 +1,20 @@
 """Packs: runs trained back to back by one Ray Train worker group, and the task that owns it.
 
 Starting a worker group costs seconds per run (``resources.runs_per_trainer``, BENCHMARKS.md),
-so the plan's launch order (longest first) is cut into fixed packs of consecutive runs. A
-pack is fixed by the plan, not by what is left to do, so a resubmitted study finds each
-pack's checkpoints under the same Ray Train run name. Under ``protocol: branches`` a trunk and
-its branches are one pack of their own, trunk first (a branch starts from the trunk's
-checkpoints, ``run.worker.branching``), whatever ``runs_per_trainer`` says. ``fit_pack`` is the lightweight Ray
-task that owns one pack's TorchTrainer and reads each run's outcome back from MLflow.
+so runs share groups. ``runs_per_trainer: auto`` (the default) makes one pack per slot the
+cluster has when the study starts (``placement.capacity``), the runs dealt to the packs longest
+first, each to the pack with the least work so far (LPT): as many worker groups as can train at
+once, none started twice on one slot. A number cuts the plan's launch order into fixed packs of
+that many consecutive runs. Under ``protocol: branches`` a trunk and its branches are one pack
+of their own, trunk first (a branch starts from the trunk's checkpoints,
+``run.worker.branching``), whatever ``runs_per_trainer`` says.
+
+A pack's name is its Ray Train run name, under which its checkpoints live, so a run keeps the
+pack it was first launched in: the driver records the name on the run's MLflow record
+(``qkstudy.pack``) and a resubmit puts every run with a recorded pack back in it, whatever the
+cluster or ``runs_per_trainer`` is now; only runs never launched are packed afresh.
+``fit_pack`` is the lightweight Ray task that owns one pack's TorchTrainer and reads each run's
+outcome back from MLflow.
 """
 
 from __future__ import annotations
@@ -22,7 +30,9 @@ from orchestrator.plan.contract import RunSpec
 from orchestrator.run.driver.leasing import run_leases
 from orchestrator.run.driver.placement import worker_resources
 from orchestrator.track.timeline import Timeline
-from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status, run_tag, set_status
+from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_QUEUED, client_for, run_status, run_tag, set_status
+
+PACK_TAG = "pack"  # the run's MLflow tag (namespaced): the pack it was launched in
 
 # The controller checks its workers this often; a finished run is noticed at the next check.
 # Ray's default (2 s) adds seconds to every short run; the check is one cheap actor call.
@@ -35,8 +45,9 @@ class Pack:
     """Runs trained back to back by one Ray Train worker group (``resources.runs_per_trainer``).
 
     ``name`` is the Ray Train run name, under which the group's checkpoints live: the run id
-    when ``runs_per_trainer`` is 1, else a hash of the ids of every run the plan put in the
-    pack, so a resubmitted study finds the same checkpoints whichever of its runs are done."""
+    for a pack of one run (under ``runs_per_trainer: 1``, or dealt alone under ``auto``), else
+    a hash of the ids of every run put in the pack (a resubmit finds it again through the runs'
+    recorded ``PACK_TAG``)."""
 
     name: str
     runs: tuple[RunSpec, ...]
@@ -48,11 +59,9 @@ def launch_order(runs: list[RunSpec]) -> list[RunSpec]:
     return sorted(runs, key=lambda r: -r.total_flops / r.resources.workers)
 
 
-def _pack(chunk: list[RunSpec], todo_ids: set[str], named_by_run: bool) -> Pack | None:
-    """The pack of ``chunk`` (named as ``Pack`` says) holding its runs in ``todo_ids``, or None."""
-    name = chunk[0].run_id if named_by_run else "pack-" + hashlib.sha256(",".join(r.run_id for r in chunk).encode()).hexdigest()[:16]
-    keep = tuple(r for r in chunk if r.run_id in todo_ids)
-    return Pack(name, keep) if keep else None
+def _named(chunk: list[RunSpec], named_by_run: bool = False) -> str:
+    """``Pack.name`` of ``chunk``."""
+    return chunk[0].run_id if named_by_run else "pack-" + hashlib.sha256(",".join(r.run_id for r in chunk).encode()).hexdigest()[:16]
 
 
 def branch_families(order: list[RunSpec]) -> list[list[RunSpec]]:
@@ -65,17 +74,57 @@ def branch_families(order: list[RunSpec]) -> list[list[RunSpec]]:
     return [sorted(f, key=lambda r: (r.trunk is not None, r.branch_step or 0)) for f in families.values()]
 
 
-def make_packs(order: list[RunSpec], todo_ids: set[str]) -> list[Pack]:
-    """Cut the plan's launch order into packs of ``runs_per_trainer`` consecutive runs (similar
-    lengths, as the order is longest first), then keep only the runs in ``todo_ids``. Branch
-    families come first (their trunk is the longest run), one pack each."""
+def _dealt(order: list[RunSpec], packs: int) -> list[list[RunSpec]]:
+    """``order`` (longest first) dealt into ``packs`` groups, each run to the group with the
+    least work so far (LPT list scheduling: Graham 1969, makespan within 4/3 of optimal);
+    empty groups dropped."""
+    groups: list[list[RunSpec]] = [[] for _ in range(max(1, packs))]
+    work = [0.0] * len(groups)
+    for r in order:
+        i = work.index(min(work))
+        groups[i].append(r)
+        work[i] += r.total_flops / r.resources.workers
+    return [g for g in groups if g]
+
+
+def make_packs(order: list[RunSpec], todo_ids: set[str], slots: int = 1, recorded: dict[str, str] | None = None) -> list[Pack]:
+    """The packs that train ``todo_ids`` of the plan's launch ``order``, longest first.
+
+    Branch families are one pack each (their trunk is the longest run), trunk first. The other
+    runs, under ``runs_per_trainer: auto``: those still to do dealt into ``slots`` packs
+    (``_dealt``); under a number: the whole order cut into consecutive groups of that many
+    (similar lengths, as the order is longest first), so a group's name does not depend on
+    which of its runs are done. A run in ``recorded`` ({run_id: pack name}, from its MLflow
+    record) goes back to the pack it was launched in, whatever the above says."""
     families = branch_families(order)
-    packs = [_pack(f, todo_ids, named_by_run=False) for f in families]
     in_family = {r.run_id for f in families for r in f}
     rest = [r for r in order if r.run_id not in in_family]
+    recorded = {k: v for k, v in (recorded or {}).items() if k in todo_ids}
     size = order[0].resources.runs_per_trainer if order else 1
-    packs += [_pack(rest[i : i + size], todo_ids, named_by_run=size == 1) for i in range(0, len(rest), size)]
-    return [p for p in packs if p is not None]
+    named = [(_named(f), f) for f in families]
+    if size == "auto":
+        named += [
+            (_named(g, named_by_run=len(g) == 1), g)
+            for g in _dealt([r for r in rest if r.run_id in todo_ids and r.run_id not in recorded], slots)
+        ]
+    else:
+        named += [(_named(c, named_by_run=size == 1), c) for c in (rest[i : i + size] for i in range(0, len(rest), size))]
+    where = {r.run_id: name for name, chunk in named for r in chunk} | recorded
+    packs: dict[str, list[RunSpec]] = {}
+    for r in [r for f in families for r in f] + rest:
+        if r.run_id in todo_ids:
+            packs.setdefault(where[r.run_id], []).append(r)
+    return [Pack(name, tuple(runs)) for name, runs in packs.items()]
+
+
+def requeue(pack: Pack, outcomes: dict[str, dict[str, Any]]) -> Pack | None:
+    """The pack that trains ``pack``'s runs its worker group never started, when it started
+    another (so each requeue is smaller: a pack whose group failed before any run is not
+    retried), else None. ``outcomes``: ``fit_pack``'s. Why: runs share a worker group for its
+    start-up only; a run that crashes the group past its retries must not fail the runs queued
+    behind it."""
+    left = [r for r in pack.runs if outcomes.get(r.run_id, {}).get("started") is False]
+    return Pack(_named(left, named_by_run=len(left) == 1), tuple(left)) if left and len(left) < len(pack.runs) else None
 
 
 def pack_items(pack: Pack, datasets: dict[str, dict[str, Any]], mlflow_ids: dict[str, str]) -> list[dict[str, Any]]:
@@ -123,11 +172,13 @@ def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str,
     )
 
 
-def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dict[str, str]]:
+def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dict[str, Any]]:
     """{run_id: {status, reason}} from MLflow; a run the group did not end (it crashed before
-    the run finished or started) is marked failed there with the crash as its reason."""
+    the run finished) is marked failed there with the crash as its reason. One it never
+    started (still queued there) is left queued and comes back failed with ``"started":
+    False``: the driver trains it in another pack or marks it failed (``requeue``)."""
     client = client_for(tracking_uri)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for item in items:
         run_id, mlflow_id = item["run"]["run_id"], item["mlflow_run_id"]
         try:
@@ -140,6 +191,9 @@ def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dic
             }
             continue
         status, reason = run_status(record), run_tag(record.data.tags, "failure_reason") or ""
+        if status == STATUS_QUEUED:  # never started: the driver requeues it or fails it (``requeue``)
+            out[run_id] = {"status": STATUS_FAILED, "reason": crash or "the worker group ended before this run started", "started": False}
+            continue
         if status != STATUS_FINISHED and not (status == STATUS_FAILED and reason):
             reason = crash or "the worker group ended before this run did"
             status = STATUS_FAILED
@@ -151,7 +205,7 @@ def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dic
 @ray.remote(num_cpus=0, max_retries=0)
 def fit_pack(
     name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None, timeline: list | None = None
-) -> dict[str, dict[str, str]]:
+) -> dict[str, dict[str, Any]]:
     """Owns one pack's TorchTrainer; ``items``: ``pack_items``. Returns {run_id: {status,
     reason}}. Any failure is recorded in MLflow, never raised. Each run's lease is held while
     the pack trains (``run.driver.leasing``); a run whose lease another live pack holds is not
@@ -166,7 +220,7 @@ def fit_pack(
 
 def _fit(
     name: str, items: list[dict], tracking_uri: str, storage_path: str, board: str | None, timeline: Timeline
-) -> dict[str, dict[str, str]]:
+) -> dict[str, dict[str, Any]]:
     """Fit the pack's trainer on ``items`` and read each run's outcome back (``_outcomes``)."""
     trainer = _trainer(name, items, tracking_uri, storage_path, board, timeline)
     crash = ""

@@ -5,7 +5,7 @@ tuned protocol) decides which runs to plan and in which stages; this module neve
 
 Order of work: plan -> data preparation once per corpus as a Ray task (``run.driver.prepare_tasks``) -> MLflow
 experiment and the runs already there -> one lightweight Ray task per pack (``run.driver.packing``:
-one run by default, ``resources.runs_per_trainer`` back to back otherwise) that owns a
+one per slot the cluster has by default, ``resources.runs_per_trainer`` runs otherwise) that owns a
 TorchTrainer (workers sized from the spec; Ray places them as resources free up; at most as
 many packs in flight as ``run.driver.placement`` says fit at once) -> live progress from the
 ``ProgressBoard`` actor (``run.progress`` draws it) -> final states read back from MLflow.
@@ -36,7 +36,7 @@ from rich.console import Console
 from model.plugins import py_modules
 from orchestrator.plan.contract import RunSpec
 from orchestrator.run.driver.leasing import study_lease
-from orchestrator.run.driver.packing import Pack, fit_pack, launch_order, make_packs, pack_items
+from orchestrator.run.driver.packing import PACK_TAG, Pack, fit_pack, launch_order, make_packs, pack_items, requeue
 from orchestrator.run.driver.placement import (
     ClusterGrowth,
     alive_nodes,
@@ -60,7 +60,17 @@ from orchestrator.run.progress import StudyProgress, board_name, get_board, on_d
 from orchestrator.track.lease import JOB_ID_ENV, STUDY_LEASE, Lease
 from orchestrator.track.provenance import Provenance, log_artifacts, resume_tags, set_experiment_note
 from orchestrator.track.timeline import Timeline
-from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_QUEUED, create_run, redact_uri, set_status
+from orchestrator.track.tracking import (
+    STATUS_FAILED,
+    STATUS_FINISHED,
+    STATUS_QUEUED,
+    client_for,
+    create_run,
+    redact_uri,
+    run_tag,
+    set_status,
+    tag,
+)
 
 
 @dataclass
@@ -209,7 +219,7 @@ def _run_leased(
     check_data_fits(runs, datasets)  # before MLflow is touched: a bad corpus leaves no record
     timeline.mark("data")
 
-    todo = _register(runs, study_name, tracking_uri, datasets, growth, result, console, provenance)
+    todo, recorded = _register(runs, study_name, tracking_uri, datasets, growth, result, console, provenance)
     record_unigrams(tracking_uri, study_name, {n: d.get("unigram") for n, d in datasets.items()}, console)
     skipped = sum(1 for s in result.status.values() if s == "skipped")
     if skipped:
@@ -217,7 +227,18 @@ def _run_leased(
     timeline.mark("mlflow")
     if todo:
         _launch_and_watch(
-            study_name, launch_order(runs), todo, datasets, tracking_uri, storage_path, result, console, growth, max_in_flight, timeline
+            study_name,
+            launch_order(runs),
+            todo,
+            recorded,
+            datasets,
+            tracking_uri,
+            storage_path,
+            result,
+            console,
+            growth,
+            max_in_flight,
+            timeline,
         )
     result.wall_s = time.time() - t0
     return result
@@ -232,17 +253,19 @@ def _register(
     result: StudyResult,
     console: Console,
     provenance: Provenance | None = None,
-) -> list[tuple[RunSpec, str]]:
+) -> tuple[list[tuple[RunSpec, str]], dict[str, str]]:
     """Match each run to its MLflow record: skip the finished ones (same data), report the
     ones that can never fit (on the alive nodes, nor on what the cluster can grow to), queue
     the rest under their MLflow run (resumed, or created; a record the plan replaced is marked
     superseded, ``run.driver.records``), tagged with ``provenance`` when given. Returns
-    [(run, MLflow run id)] to train."""
+    [(run, MLflow run id)] to train and {run_id: pack name} of the resumed runs that
+    recorded the pack they were launched in (``packing.PACK_TAG``)."""
     client, exp_id, existing = existing_runs(tracking_uri, study_name, runs_kind(runs))
     if provenance is not None:
         set_experiment_note(client, exp_id, provenance)
     supersede_replaced(client, existing, runs, datasets, console)
     todo: list[tuple[RunSpec, str]] = []
+    recorded: dict[str, str] = {}
     nodes = alive_nodes()
     for run in runs:
         data = datasets[run.corpus_name]
@@ -258,6 +281,8 @@ def _register(
             continue
         if prev is not None and same_data:
             mlflow_id = prev.info.run_id  # resume: the same MLflow run and Ray Train run name
+            if pack := run_tag(prev.data.tags, PACK_TAG):
+                recorded[run.run_id] = pack
             set_status(client, mlflow_id, STATUS_QUEUED)
             if provenance is not None:  # the code that trains it from here on
                 client.log_batch(mlflow_id, tags=[RunTag(k, v) for k, v in resume_tags(prev.data.tags, provenance).items()])
@@ -273,21 +298,32 @@ def _register(
             if provenance is not None and (why := log_artifacts(client, mlflow_id, provenance)):
                 console.print(f"[yellow]warning[/]: {run.run_name}: provenance artifacts not stored: {why}")
         todo.append((run, mlflow_id))
-    return todo
+    return todo, recorded
+
+
+def _record_packs(uri: str, packs: list[Pack], mlflow_ids: dict[str, str], recorded: dict[str, str]) -> None:
+    """Tag each run not yet recorded in its pack with the pack's name (``packing.PACK_TAG``),
+    before the pack launches: a resubmit then finds the run's checkpoints under that name."""
+    client = client_for(uri)
+    for pack in packs:
+        for run in pack.runs:
+            if recorded.get(run.run_id) != pack.name:
+                client.set_tag(mlflow_ids[run.run_id], tag(PACK_TAG), pack.name)
 
 
 def dispatch(
     items: list[Any],
     launch: Callable[[Any], Any],
     limit: int | Callable[[], int],
-    on_done: Callable[[Any, Any], None],
+    on_done: Callable[[Any, Any], list[Any] | None],
     on_tick: Callable[[], None] | None = None,
     poll_s: float = 1.0,
 ) -> None:
     """Hand ``items`` to Ray through ``launch`` (returns an ObjectRef), keeping at most
     ``limit`` in flight (a callable: asked again before each launch, as nodes join and leave);
     Ray's scheduler decides where and when each one runs. Calls ``on_done(item, result)`` as
-    each finishes and ``on_tick()`` every ``poll_s`` seconds."""
+    each finishes (the items it returns are handed to Ray next) and ``on_tick()`` every
+    ``poll_s`` seconds."""
     pending = list(items)
     in_flight: dict[Any, Any] = {}
     limit_now = limit if callable(limit) else lambda: limit
@@ -304,13 +340,14 @@ def dispatch(
                 out = ray.get(ref)
             except Exception as e:  # noqa: BLE001 - one run's crash is that run's failure only
                 out = {"status": STATUS_FAILED, "reason": f"{type(e).__name__}: {e}"}
-            on_done(item, out)
+            pending[:0] = on_done(item, out) or []
 
 
 def _launch_and_watch(
     study_name: str,
     plan_order: list[RunSpec],
     todo: list[tuple[RunSpec, str]],
+    recorded: dict[str, str],
     datasets: dict[str, dict[str, Any]],
     uri: str,
     storage: str,
@@ -322,24 +359,32 @@ def _launch_and_watch(
 ) -> None:
     """Hand the packs of ``todo`` to Ray (at most as many as fit at once), draw progress from
     the study's board, and record each run's final state in ``result`` as its pack ends.
-    Each pack's task continues ``timeline`` (its ``queued`` section ends when the task starts)."""
+    ``recorded``: the packs resumed runs were launched in (``make_packs``); every run's pack is
+    recorded on its MLflow run before it launches. Each pack's task continues ``timeline`` (its
+    ``queued`` section ends when the task starts)."""
     board, bname = get_board(study_name), board_name(study_name)
-    # One pack per slot the cluster has, or can grow to (a study's runs share one resources
-    # block): each pack that ends frees a slot for the next-longest, so Ray's placement follows
-    # LPT order. Recounted as nodes join and leave; with an autoscaler, the pending placement
-    # groups of the packs beyond the alive nodes are what makes it add nodes.
+    # One pack in flight per slot the cluster has, or can grow to (a study's runs share one
+    # resources block): each pack that ends frees a slot for the next-longest, so Ray's
+    # placement follows LPT order. Recounted as nodes join and leave; with an autoscaler, the
+    # pending placement groups of the packs beyond the alive nodes are what makes it add nodes.
     # The grown cluster's slots are counted once; only the alive nodes are recounted each time.
-    packs = make_packs(plan_order, {r.run_id for r, _ in todo})
     shapes = list({(r.resources.workers, tuple(sorted(run_demands(r).items()))): r for r, _ in todo}.values())
-    grown = max(capacity(r, [], growth, most=len(packs)) for r in shapes) if growth else 1
+    grown = max(capacity(r, [], growth, most=len(todo)) for r in shapes) if growth else 1
 
     def limit() -> int:
         if max_in_flight:
             return max_in_flight
         nodes = alive_nodes()
-        return max(grown, *(capacity(r, nodes, most=len(packs)) for r in shapes))
+        return max(grown, *(capacity(r, nodes, most=len(todo)) for r in shapes))
 
+    slots = limit()
+    packs = make_packs(plan_order, {r.run_id for r, _ in todo}, slots, recorded)
+    size = todo[0][0].resources.runs_per_trainer
+    how = f"runs_per_trainer auto: {slots} slot(s)" if size == "auto" else f"runs_per_trainer {size}"
+    again = len({recorded[r.run_id] for r, _ in todo if r.run_id in recorded})
+    console.print(f"{len(todo)} run(s) in {len(packs)} worker group(s) ({how}" + (f"; {again} resumed as launched)" if again else ")"))
     mlflow_ids = {r.run_id: m for r, m in todo}
+    _record_packs(uri, packs, mlflow_ids, recorded)
 
     with StudyProgress(study_name, [p.runs for p in packs], console) as view:
 
@@ -349,14 +394,23 @@ def _launch_and_watch(
                 pack.name, pack_items(pack, datasets, mlflow_ids), uri, storage, bname, timeline.to_json()
             )
 
-        def on_done(pack: Pack, outs: dict[str, Any]) -> None:
+        def on_done(pack: Pack, outs: dict[str, Any]) -> list[Pack]:
             crashed = "status" in outs  # the pack's task itself died: one result for all its runs
+            again = None if crashed else requeue(pack, outs)
+            if again is not None:
+                console.print(f"{len(again.runs)} run(s) of {pack.name} never started before its worker group failed: queued again")
+                _record_packs(uri, [again], mlflow_ids, {})
             for run in pack.runs:
+                if again is not None and run in again.runs:
+                    continue
                 out = outs if crashed else outs[run.run_id]
+                if out.get("started") is False:  # not requeued: its group failed before any run
+                    set_status(client_for(uri), mlflow_ids[run.run_id], STATUS_FAILED, reason=out["reason"])
                 result.status[run.run_id] = out["status"]
                 if out["status"] != STATUS_FINISHED:
                     result.reasons[run.run_id] = out.get("reason", "")
                 view.run_ended(run, out["status"], out.get("reason", ""))
+            return [again] if again is not None else []
 
         def on_tick() -> None:
             view.update(ray.get(board.snapshot.remote()), result.status)

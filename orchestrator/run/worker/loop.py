@@ -478,11 +478,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     timeline = Timeline.from_json(config.get("timeline")) if first_attempt else None
     timeline = timeline.mark("worker_group") if timeline else Timeline.since("restart")
     guard = WorkerGuard(ctx.get_world_rank(), config["tracking_uri"]).start()  # one watchdog per process
-    step_hook = chain_hooks(kill_hook_from_env(), block_hook_from_env()) if first_attempt else None
     statuses = []
     for item in config["runs"]:
+        run = RunSpec.model_validate(item["run"])
+        step_hook = chain_hooks(kill_hook_from_env(run.run_name), block_hook_from_env()) if first_attempt else None
         loop = RunLoop(
-            RunSpec.model_validate(item["run"]),
+            run,
             item["data_path"],
             config["tracking_uri"],
             item["mlflow_run_id"],

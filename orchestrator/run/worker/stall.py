@@ -35,6 +35,7 @@ from orchestrator.track.tracking import STATUS_FAILED, client_for, set_status, t
 # checkpoint existed when it started), so the retry resumes instead of dying again. Read
 # once when the worker starts; the loop only sees a step hook, and only when it is set.
 KILL_AT_STEP_ENV = "QKSTUDY_TEST_KILL_AT_STEP"
+KILL_RUN_ENV = "QKSTUDY_TEST_KILL_RUN"  # when set: only the run of this name is killed
 BLOCK_AT_STEP_ENV = "QKSTUDY_TEST_BLOCK_AT_STEP"
 REASON_CHARS = 4000  # of the failure_reason tag's 5000
 
@@ -42,11 +43,13 @@ REASON_CHARS = 4000  # of the failure_reason tag's 5000
 StepHook = Callable[[int], None]
 
 
-def kill_hook_from_env() -> StepHook | None:
+def kill_hook_from_env(run_name: str | None = None) -> StepHook | None:
     """The fault-injection hook ``KILL_AT_STEP_ENV`` asks for (the process exits with code 17
-    once that many steps are done), or None when the variable is unset or 0."""
+    once that many steps are done), or None when the variable is unset or 0, or when
+    ``KILL_RUN_ENV`` names another run than ``run_name``."""
     kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
-    if not kill_at:
+    only = os.environ.get(KILL_RUN_ENV)
+    if not kill_at or (only and run_name is not None and only != run_name):
         return None
 
     def kill(step: int) -> None:

@@ -285,7 +285,8 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     # a log (not a terminal) gets one line per run as it ends, not only when its pack ends
     assert sum(line.startswith("finished ") for line in res.stderr.splitlines()) == 2 and "[2/2]" in res.stderr
-    assert [p.name[:5] for p in (packed / "runs/p/ray").iterdir() if p.is_dir() and p.name != LEASE_DIR] == ["pack-"]
+    (pack_dir,) = [p.name for p in (packed / "runs/p/ray").iterdir() if p.is_dir() and p.name != LEASE_DIR]
+    assert pack_dir.startswith("pack-")
 
     def runs(d):
         c = MlflowClient(f"sqlite:///{d / 'runs/p/mlflow.db'}")
@@ -296,6 +297,8 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
         return out
 
     a, p = runs(alone), runs(packed)
+    # each run records the pack it trained in: a resubmit finds its checkpoints there
+    assert {r.data.tags["qkstudy.pack"] for r, _ in p.values()} == {pack_dir}
     assert p["coupled"][0].data.tags["qkstudy.restarts"] == "1"  # first in launch order: the one killed
     assert "qkstudy.restarts" not in p["standard"][0].data.tags
     for v in ("standard", "coupled"):
@@ -303,3 +306,31 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
         assert [s for s, _ in p[v][1]] == [512 * i for i in range(1, 51)]  # no gap, no repeat
         assert max(abs(x[1] - y[1]) for x, y in zip(p[v][1], a[v][1])) < 1e-5
         assert math.isclose(p[v][0].data.metrics["final/val_loss"], a[v][0].data.metrics["final/val_loss"], rel_tol=1e-5)
+
+
+def test_a_run_that_fails_its_pack_does_not_fail_the_runs_queued_behind_it(tmp_path):
+    """One slot (a worker of 2 CPUs on 2): by default both runs share one worker group. The
+    first in launch order (coupled: more FLOPs per token) dies past the group's retries; the
+    run the group never started trains in a pack of its own and finishes."""
+    spec = {
+        **BASE,
+        "name": "q",
+        "variants": ["standard", "coupled"],
+        "resources": {"cpus_per_worker": 2, "zero_stage": 0, "max_retries": 0},
+    }
+    f = tmp_path / "q.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    (coupled,) = [r for r in plan(parse_spec(spec)) if r.variant == "coupled"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    res = _run_study_cli(f, tmp_path, {**env, "QKSTUDY_TEST_KILL_AT_STEP": "10", "QKSTUDY_TEST_KILL_RUN": coupled.run_name})
+    assert res.returncode == 1, res.stderr[-3000:]  # a failed run: the study reports it
+    assert "1 run(s) of pack-" in res.stdout + res.stderr and "queued again" in res.stdout + res.stderr
+    c = MlflowClient(f"sqlite:///{tmp_path / 'runs/q/mlflow.db'}")
+    exp = c.get_experiment_by_name("q")
+    runs = {r.data.tags["qkstudy.variant"]: r for r in c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")}
+    assert runs["coupled"].data.tags["qkstudy.status"] == "failed" and "qkstudy.failure_reason" in runs["coupled"].data.tags
+    assert runs["standard"].data.tags["qkstudy.status"] == "finished" and runs["standard"].data.metrics["tokens"] == 50 * 8 * 64
+    assert "qkstudy.failure_reason" not in runs["standard"].data.tags
+    # the standard run records the pack that trained it, not the one that failed
+    packs = {v: r.data.tags["qkstudy.pack"] for v, r in runs.items()}
+    assert packs["coupled"].startswith("pack-") and packs["standard"] == runs["standard"].data.tags["qkstudy.run_id"]
