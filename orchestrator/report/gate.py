@@ -97,14 +97,19 @@ def evidence_table(evidence: list[GateEvidence]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def attach(summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, experiment_id: str, corpus: str | None) -> None:
+def attach(
+    summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, experiment_id: str, corpus: str | None, spec: GateSpec | None = None
+) -> None:
     """Mark the arms the study's gate stopped (of ``corpus``; None: a single-corpus study):
     ``summary["gates"]`` (each arm's evidence and sentence), ``tabs[TABLE]``, and each missing
     run of a stopped arm at a scale it skipped moved from ``summary["runs"]["missing"]`` to
-    ``summary["runs"]["gated"]`` (and marked ``gated`` in the issues table). No change
-    when nothing was gated."""
+    ``summary["runs"]["gated"]`` (and marked ``gated`` in the issues table). When nothing was
+    gated: no change, unless ``spec`` (the study's ``gate:``) says the study had a gate; then
+    ``summary["gate"]`` holds it, ``summary["gates"]`` is empty and the saving is 0 FLOPs."""
     stopped = [e for e in gates_from_tags(client_for(tracking_uri).get_experiment(experiment_id).tags) if corpus in (None, e.corpus)]
-    if not stopped:
+    if spec is not None:
+        summary["gate"] = spec.model_dump()
+    if not stopped and spec is None:
         return
     why = {(e.variant, s): e.sentence() for e in stopped for s in e.skipped}
     runs = summary["runs"]
@@ -163,13 +168,23 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def section_text(summary: dict) -> list[str]:
-    """The gated-arms section's sentences: the rule, then one line per stopped arm."""
+    """The gated-arms section's sentences: the rule, then one line per stopped arm (or that
+    none stopped), then what the gate saved."""
+    spec = summary.get("gate")
+    bound = (
+        f" (here +{spec['worse_than']:g} nats at equal {'model FLOPs' if spec['currency'] == 'flops' else 'tokens'}, "
+        f"{spec['level']:.0%} interval; each rung's Δloss is in the every-currency table)"
+        if spec
+        else ""
+    )
     text = [
         "The study's gate trained the ladder rung by rung (scales by N, non-embedding): after each rung, a variant whose "
-        "seed-paired Δloss against the reference (variant - reference, nats/token) was above the gate's bound with its "
+        f"seed-paired Δloss against the reference (variant - reference, nats/token) was above the gate's bound{bound} with its "
         "interval excluding zero stopped, and its runs at the larger rungs were not trained (listed as gated, not missing). "
         "The reference trained every rung."
     ]
+    if not summary.get("gates"):
+        text.append("No arm was stopped: every planned run trained.")
     for g in summary.get("gates", []):
         where = f" on corpus `{g['corpus']}`" if summary.get("corpus") else ""
         text.append(f"`{g['variant']}`{where} {g['sentence']}; not trained at {', '.join(g['skipped']) or '—'}.")

@@ -76,7 +76,7 @@ def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
         cost(summary, tables),
         time_spent(summary, tables),
         *([start_up(tables)] if startup.TABLE in tables else []),
-        *([Section("Gated arms", gate.section_text(summary), gate.display(tables[gate.TABLE]))] if gate.TABLE in tables else []),
+        *([gated_arms(summary, tables[gate.TABLE])] if gate.TABLE in tables else []),
         problems(summary, tables),
         missing_inputs(summary),
         *(
@@ -516,6 +516,11 @@ def time_spent(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
     entry = summary.get("time_split") or {"recorded": False}
     table = time_split.display(tables[time_split.TABLE]) if time_split.TABLE in tables else None
     return Section("Where the time went", time_split.section_text(entry), table)
+
+
+def gated_arms(summary: dict, table: pd.DataFrame) -> Section:
+    """The gate's rule, its stopped arms (a table only when it stopped one) and its saving."""
+    return Section("Gated arms", gate.section_text(summary), gate.display(table) if len(table) else None)
 
 
 def start_up(tables: dict[str, pd.DataFrame]) -> Section:

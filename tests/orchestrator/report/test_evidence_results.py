@@ -5,6 +5,7 @@ acceptance holds in the data: every arm's final perplexity is at most half its c
 perplexity, and the reference's finals at x1, x1.5, x2, x3 fall with tokens in every seed (the
 token ratio interpolates a real curve, not schedule noise)."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -23,10 +24,14 @@ MAIN = "cpu-evidence"
 MQAR = ("cpu-evidence-mqar-easy", "cpu-evidence-mqar-medium")  # 150 steps: RESULTS.md's OLD_MQAR section
 CONVERGED = "cpu-mqar-easy-lr1e-3"  # MQAR trained to convergence, every arm at LR 1e-3: CONVERGED_MQAR
 TUNED = "cpu-mqar-easy"  # its attempt at tuned LRs, stopped when they did not learn: TUNED_MQAR
+LADDER = "cpu-ladder-gated"  # five rungs, LR tuned per rung, the gate on: LADDER_SECTION
 OLD_MQAR, CONVERGED_MQAR, TUNED_MQAR = "## MQAR at 150 steps", "## MQAR trained to convergence", "### At the tuned LR"
+LADDER_SECTION = "## A five-rung gated ladder"
 ANSWERS = "## The answers"  # the opening table: claim, number with its interval, verdict by the rule
-STUDIES = (MAIN, *MQAR, TUNED, CONVERGED)
-PLANNED = {TUNED}  # stopped before its plan ended: its report, built with its spec, lists the runs never trained
+STUDIES = (MAIN, *MQAR, TUNED, CONVERGED, LADDER)
+# Reports built with their spec: the tuned MQAR study stopped before its plan ended (the report lists
+# the runs never trained); the ladder's gate and its saving are known from the spec only.
+WITH_SPEC = {TUNED, LADDER}
 TEXT = (ROOT / "RESULTS.md").read_text() if (ROOT / "RESULTS.md").exists() else ""
 UNIGRAM_QUOTED = {"medium"}  # the MQAR presets whose unigram perplexity RESULTS.md prints
 
@@ -55,7 +60,7 @@ def regenerated(tmp_path_factory):
         if study not in built:
             (root / f"{study}-store").mkdir()
             uri = unzip_store(_store(study), root / f"{study}-store")
-            if study in PLANNED:  # as RESULTS.md's "How to regenerate" does: the spec says which runs are missing
+            if study in WITH_SPEC:  # as RESULTS.md's "How to regenerate" does
                 cmd = [sys.executable, "-m", "orchestrator.cli", "report", str(ROOT / "jobs" / f"{study}.yaml")]
                 subprocess.run([*cmd, "--tracking-uri", uri, "--out", str(root / study), "--no-log"], check=True, cwd=ROOT)
             else:
@@ -146,7 +151,47 @@ def quoted_numbers(root: Path) -> list[Quote]:
                 out.append((OLD_MQAR, row))
                 if preset in UNIGRAM_QUOTED:
                     out.append((OLD_MQAR, f"{row} {uni.loc[r.variant, 'unigram_ppl']:.1f} |"))
-    return out + converged_quotes(root / TUNED, TUNED_MQAR) + converged_quotes(root / CONVERGED, CONVERGED_MQAR, answers=True)
+    return (
+        out
+        + converged_quotes(root / TUNED, TUNED_MQAR)
+        + converged_quotes(root / CONVERGED, CONVERGED_MQAR, answers=True)
+        + ladder_quotes(root / LADDER)
+    )
+
+
+def ladder_quotes(folder: Path) -> list[Quote]:
+    """The gated ladder's row per rung as RESULTS.md prints it (N, tokens, tuned LRs, each arm's
+    perplexity, the paired Δ at equal model FLOPs with its interval), the fit's refusal, the
+    gate's saving and, in the opening table, the paired final-loss claim per rung."""
+    fp = pd.read_csv(folder / "final_ppl.csv").set_index(["scale", "variant"])
+    eq = pd.read_csv(folder / "contrasts.csv").query("currency == 'flops'").set_index("scale")
+    lr = pd.read_csv(folder / "tuning.csv").set_index(["variant", "scale"])["chosen_lr"]
+    claims = pd.read_csv(folder / "claims.csv").query("claim == 'coupled has lower loss than standard'").set_index("scale")
+    summary = json.loads((folder / "summary.json").read_text())
+    out: list[Quote] = []
+    cells = []
+    for scale in summary["scales"]:
+        sc = scale["scale"]
+        std, cpl, d = fp.loc[(sc, "standard")], fp.loc[(sc, "coupled")], eq.loc[sc]
+        out.append(
+            (
+                LADDER_SECTION,
+                f"| {sc} | {int(std.n_params):,} | {int(std.tokens):,} | {lr[('standard', sc)]:g} / {lr[('coupled', sc)]:g} | "
+                f"{std.mean_ppl:.2f} ± {std['std']:.2f} | {cpl.mean_ppl:.2f} ± {cpl['std']:.2f} | "
+                f"{d.paired_dloss:+.4f} [{d.paired_low:+.4f}, {d.paired_high:+.4f}] |",
+            )
+        )
+        c = claims.loc[sc]
+        cells.append(f"{sc} {c.estimate:+.4f} [{c.low:+.4f}, {c.high:+.4f}]")
+    out.append((ANSWERS, "; ".join(cells)))
+    for v in ("standard", "coupled"):  # why no backtest: "the best fit sits on the parameter bound E = 0 (lower)"
+        why = summary["scaling"]["fits"][v]["backtest"]["reason"]
+        out.append((LADDER_SECTION, why.removeprefix("the best fit ").removesuffix(" (lower)")))
+    flops_fit = summary["scaling"]["fits"]["standard"]["flops"]["fit"]
+    out.append((LADDER_SECTION, f"E {flops_fit['E']:.4f} nats, alpha {flops_fit['alpha']:.3f}, rmse {flops_fit['rmse']:.3f}"))
+    saving = summary["gate_saving"]
+    out.append((LADDER_SECTION, f"{saving['saved_flops']:.0f} of the plan's {saving['planned_flops']:.3g} training FLOPs"))
+    return out
 
 
 def converged_quotes(folder: Path, heading: str, answers: bool = False) -> list[Quote]:
@@ -230,6 +275,14 @@ def test_the_quote_check_fails_on_a_misquote(tmp_path):
     acc.to_csv(path, index=False)
     moved = missing_quotes(TEXT, tmp_path)
     assert len(moved) == 1 and moved[0][0] == CONVERGED_MQAR and moved[0][1].startswith("| coupled |"), moved
+    shutil.copy(RESULTS / CONVERGED / "accuracy.csv", path)
+    # the ladder: coupled's perplexity at one rung moved by 0.01 is reported in that rung's row
+    path = tmp_path / LADDER / "final_ppl.csv"
+    fp = pd.read_csv(path)
+    fp.loc[(fp["variant"] == "coupled") & (fp["scale"] == "n800k"), "mean_ppl"] += 0.01
+    fp.to_csv(path, index=False)
+    moved = missing_quotes(TEXT, tmp_path)
+    assert len(moved) == 1 and moved[0][0] == LADDER_SECTION and moved[0][1].startswith("| n800k |"), moved
 
 
 def test_every_arm_ends_at_most_half_the_unigram_perplexity():

@@ -143,3 +143,34 @@ def test_an_arm_no_longer_stopped_loses_its_record(store):
     assert [x.variant for x in gates_from_tags(client.get_experiment(exp_id).tags)] == ["costly"]
     record_gate(client, exp_id, dataclasses.replace(e, stopped=False))  # e.g. the spec's bound was loosened
     assert gates_from_tags(client.get_experiment(exp_id).tags) == []
+
+
+def test_a_gate_that_stopped_no_arm_is_reported_with_a_saving_of_zero(tmp_path):
+    """A gated study where no arm was ever worse past the bound: built with its spec's gate, the
+    report says the gate ran, stopped nothing and saved 0 FLOPs of the plan's; built without it
+    (the store alone cannot tell a gated study that stopped nothing from an ungated one), it
+    has no gate section (the control)."""
+    none = SyntheticStudy(
+        study="gated-none",
+        variants={"standard": 1.0, "close": 0.97},
+        scales={"xs": 2e6, "s": 8e6},
+        seeds=(0, 1),
+        extend=(),
+        seed_noise={"standard": 0.0005, "close": 0.0005},
+        n_eval=6,
+        rng_seed=2,
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    write_synthetic_study(none, uri)
+    plan = [
+        {"variant": v, "scale": sc, "seed": sd, "extend": 1.0, "flops": 2e18} for v in none.variants for sc in none.scales for sd in (0, 1)
+    ]
+    spec = GateSpec(worse_than=0.02, currency="flops")
+    summary = build_report(none.study, uri, tmp_path / "r", n_boot=50, log_to_mlflow=False, expected=plan, gate_spec=spec)
+    assert summary["gates"] == [] and summary["gate"]["worse_than"] == 0.02
+    assert summary["gate_saving"] == {"saved_flops": 0.0, "planned_flops": 8 * 2e18, "fraction": 0.0}
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Gated arms" in md and "(here +0.02 nats at equal model FLOPs, 95% interval;" in md
+    assert "No arm was stopped: every planned run trained." in md and "The gate saved 0 training FLOPs of the 1.6e+19" in md
+    bare = build_report(none.study, uri, tmp_path / "bare", n_boot=50, log_to_mlflow=False, expected=plan)
+    assert "gate_saving" not in bare and "## Gated arms" not in (tmp_path / "bare" / "report.md").read_text()
