@@ -320,7 +320,7 @@ def report(
     from orchestrator.report import build_report
 
     name, uri = _study_uri(study, tracking_uri)
-    ref, expected, pairs, gate_spec = reference, None, [_contrast_pair(c) for c in contrast], None
+    ref, expected, pairs = reference, None, [_contrast_pair(c) for c in contrast]
     if Path(study).is_file():  # the plan says which runs are missing
         from orchestrator.track.data_match import plan_against, study_records
 
@@ -334,7 +334,6 @@ def report(
             {"variant": r.variant, "scale": r.scale, "seed": r.seed, "extend": r.extend, "corpus": r.corpus_name, "flops": r.total_flops}
             for r in planned
         ]
-        gate_spec = spec.gate
     target = out_dir or default_workdir(name) / "report"
     with _progress_line() as progress:
         summary = build_report(
@@ -347,7 +346,6 @@ def report(
             expected=expected,
             corpus=corpus,
             contrasts=pairs,
-            gate_spec=gate_spec,
             progress=progress,
         )
     if as_json:

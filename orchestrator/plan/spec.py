@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -248,7 +248,7 @@ class ResourcesSpec(_Strict):
     # auto: one group per slot the cluster has at the start (run.driver.packing); a number:
     # fixed groups of that many consecutive runs. Either way a run keeps the group it was first
     # launched in, so a resubmit finds its checkpoints.
-    runs_per_trainer: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    runs_per_trainer: int | Literal["auto"] = "auto"
     # torch.compile the model in each worker (nn.Module.compile: in place, same state-dict
     # keys, so checkpoints are unchanged). Off by default: on 2 CPU cores it made cpu-xs and
     # cpu-s steps 2-6% slower and cost 16-22 s before the first step (BENCHMARKS.md). Not in
@@ -257,6 +257,14 @@ class ResourcesSpec(_Strict):
     # Memory of one device (GiB); `validate`/`run` refuse a run whose estimate
     # (orchestrator.plan.memory) exceeds it. None: not checked.
     device_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @field_validator("runs_per_trainer", mode="before")
+    @classmethod
+    def _runs_per_trainer_ok(cls, v: Any) -> Any:
+        # one message for both forms; no coercion (true, "2" and 2.0 are typos, not counts)
+        if v == "auto" and isinstance(v, str) or isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+        raise ValueError(f"must be an integer >= 1 or 'auto' (got {v!r})")
 
 
 class Study(_Strict):

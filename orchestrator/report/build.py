@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.plan.gate import GateSpec
 from orchestrator.report import currencies, gaps, gate, plots, provenance, recall, render, run_links, startup, tables, time_split, unigram
 from orchestrator.report import curves as C
 from orchestrator.report.claims import paper_claims
@@ -61,7 +60,6 @@ def build_report(
     seed: int = 0,
     corpus: str | None = None,
     contrasts: Iterable[tuple[str, str]] | None = None,
-    gate_spec: GateSpec | None = None,
     progress: Progress = _quiet,
 ) -> dict:
     """Write the study's report into out_dir and return its JSON-able summary.
@@ -78,8 +76,6 @@ def build_report(
         ("coupled") falls back to the first non-reference variant when the study has none; any
         other name must be a non-reference variant of the study (else ReportError).
     n_boot: bootstrap draws of the scaling crossover (n_boot // 5, at least 50); seed: their RNG.
-    gate_spec: the study's ``gate:`` (from its spec): the "Gated arms" section then says what
-        the gate did even when it stopped no arm (a saving of 0), not only when it stopped one.
     contrasts: (variant, against) pairs compared in every currency (currencies.py) beside
         each non-reference variant against the reference (always compared). A pair naming a variant without runs
         raises ReportError.
@@ -107,9 +103,7 @@ def build_report(
         reference=reference, target=target, expected=expected, n_boot=n_boot, seed=seed, contrasts=list(contrasts) if contrasts else None
     )
     if corpus is None and len(corpora) > 1:
-        return _build_per_corpus(
-            study, tracking_uri, Path(out_dir), corpora, log_to_mlflow=log_to_mlflow, progress=progress, gate_spec=gate_spec, **kw
-        )
+        return _build_per_corpus(study, tracking_uri, Path(out_dir), corpora, log_to_mlflow=log_to_mlflow, progress=progress, **kw)
     if corpus is not None:
         if corpus not in corpora:
             raise ReportError(f"study {study!r} has no runs on corpus {corpus!r}; corpora: {corpora}")
@@ -117,20 +111,17 @@ def build_report(
         kw["expected"] = [e for e in expected if e.get("corpus", corpus) == corpus] if expected is not None else None
     progress(f"analysing {study}" + (f" on {corpus}" if corpus else "") + f": {len(data.runs)} runs")
     summary, tabs, figures = analyse(data, **kw)
-    _attach_study_sections(summary, tabs, data, corpus, corpus or (corpora[0] if len(corpora) == 1 else None), gate_spec)
+    _attach_study_sections(summary, tabs, data, corpus, corpus or (corpora[0] if len(corpora) == 1 else None))
     run_name = f"report-{study}" + (f"-{corpus}" if corpus else "")
     return _write(summary, tabs, figures, Path(out_dir), data, run_name if log_to_mlflow else None, progress)
 
 
-def _attach_study_sections(
-    summary: dict, tabs: dict, data: StudyData, corpus: str | None, unigram_corpus: str | None, gate_spec: GateSpec | None = None
-) -> None:
+def _attach_study_sections(summary: dict, tabs: dict, data: StudyData, corpus: str | None, unigram_corpus: str | None) -> None:
     """Add what the store holds beside the curves: LR tuning, the unigram bar, the gate's
-    stopped arms (and, given ``gate_spec``, its outcome when it stopped none), the time split,
-    startup, the code the runs came from, and the corpus name."""
+    stopped arms, the time split, startup, the code the runs came from, and the corpus name."""
     tabs.update(tuning_tables(data.tracking_uri, data.experiment_id))
     unigram.attach(summary, tabs, data.tracking_uri, data.experiment_id, unigram_corpus)
-    gate.attach(summary, tabs, data.tracking_uri, data.experiment_id, corpus, gate_spec)  # arms a gated ladder stopped
+    gate.attach(summary, tabs, data.tracking_uri, data.experiment_id, corpus)  # arms a gated ladder stopped
     time_split.attach(summary, tabs, data.runs, data.metrics)
     startup.attach(summary, tabs, data.runs, data.metrics)
     summary["code"] = provenance.code_summary(data.runs)  # the commit(s) the runs came from

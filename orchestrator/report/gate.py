@@ -26,7 +26,7 @@ from orchestrator.report.currencies import contrast_table
 from orchestrator.report.curves import run_finals
 from orchestrator.report.errors import ReportError
 from orchestrator.report.query import StudyData, query_study
-from orchestrator.track.gate_record import gates_from_tags
+from orchestrator.track.gate_record import gate_ran_from_tags, gates_from_tags
 from orchestrator.track.tracking import client_for
 
 TABLE = "gated"
@@ -97,19 +97,20 @@ def evidence_table(evidence: list[GateEvidence]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def attach(
-    summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, experiment_id: str, corpus: str | None, spec: GateSpec | None = None
-) -> None:
+def attach(summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, experiment_id: str, corpus: str | None) -> None:
     """Mark the arms the study's gate stopped (of ``corpus``; None: a single-corpus study):
     ``summary["gates"]`` (each arm's evidence and sentence), ``tabs[TABLE]``, and each missing
     run of a stopped arm at a scale it skipped moved from ``summary["runs"]["missing"]`` to
-    ``summary["runs"]["gated"]`` (and marked ``gated`` in the issues table). When nothing was
-    gated: no change, unless ``spec`` (the study's ``gate:``) says the study had a gate; then
-    ``summary["gate"]`` holds it, ``summary["gates"]`` is empty and the saving is 0 FLOPs."""
-    stopped = [e for e in gates_from_tags(client_for(tracking_uri).get_experiment(experiment_id).tags) if corpus in (None, e.corpus)]
-    if spec is not None:
-        summary["gate"] = spec.model_dump()
-    if not stopped and spec is None:
+    ``summary["runs"]["gated"]`` (and marked ``gated`` in the issues table). ``summary["gate"]``:
+    the gate's settings and the rungs it decided after, where the store recorded that it ran
+    (``track.gate_record``); a gate that ran and stopped nothing gets the section too (a saving
+    of 0). No change for a study without a gate."""
+    tags = client_for(tracking_uri).get_experiment(experiment_id).tags
+    stopped = [e for e in gates_from_tags(tags) if corpus in (None, e.corpus)]
+    ran = gate_ran_from_tags(tags)
+    if ran is not None:
+        summary["gate"] = ran
+    if not stopped and ran is None:
         return
     why = {(e.variant, s): e.sentence() for e in stopped for s in e.skipped}
     runs = summary["runs"]
@@ -170,13 +171,14 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
 def section_text(summary: dict) -> list[str]:
     """The gated-arms section's sentences: the rule, then one line per stopped arm (or that
     none stopped), then what the gate saved."""
-    spec = summary.get("gate")
-    bound = (
-        f" (here +{spec['worse_than']:g} nats at equal {'model FLOPs' if spec['currency'] == 'flops' else 'tokens'}, "
-        f"{spec['level']:.0%} interval; each rung's Δloss is in the every-currency table)"
-        if spec
-        else ""
-    )
+    ran, bound = summary.get("gate"), ""
+    if ran:
+        spec = ran["gate"]
+        bound = (
+            f" (here +{spec['worse_than']:g} nats at equal {'model FLOPs' if spec['currency'] == 'flops' else 'tokens'}, "
+            f"{spec['level']:.0%} interval, decided after {', '.join(ran['decided_after'])}; each rung's Δloss is in the "
+            "every-currency table)"
+        )
     text = [
         "The study's gate trained the ladder rung by rung (scales by N, non-embedding): after each rung, a variant whose "
         f"seed-paired Δloss against the reference (variant - reference, nats/token) was above the gate's bound{bound} with its "

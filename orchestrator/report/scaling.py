@@ -230,18 +230,21 @@ def _predict_scales(g: pd.DataFrame, fit: PowerLawFit, fixed_alpha: float | None
     ]
 
 
-def backtest(g: pd.DataFrame, fixed_alpha: float | None, rng: np.random.Generator) -> dict:
+def backtest(g: pd.DataFrame, fixed_alpha: float | None, rng: np.random.Generator, axis: str = "N") -> dict:
     """Fit every scale but the largest (one spare scale allowed), predict the largest.
 
-    g: one variant's finished planned runs (columns scale, n_params, loss). Returns held_out
-    (scale), n_params, n_seeds, predicted, low, high (prediction interval of its seed mean),
-    observed (its seed mean), error (observed - predicted, nats), covered, n_fit_scales, and
-    reason (None, or why no backtest).
+    g: one variant's finished planned runs (columns scale, loss and the ``axis``'s column of
+    ``AXES``: n_params for N, final_flops for training FLOPs). Returns held_out (scale),
+    n_params (the held-out scale's x on ``axis``: N, or FLOPs), n_seeds, predicted, low, high
+    (prediction interval of its seed mean), observed (its seed mean), error (observed -
+    predicted, nats), covered, n_fit_scales, and reason (None, or why no backtest).
     """
+    col, label = AXES[axis]
+    g = g.assign(n_params=g[col])  # the fit and its prediction interval read x from n_params
     order = g.groupby("scale")["n_params"].median().sort_values()
     largest = order.index[-1]
     train, held = g[g["scale"] != largest], g[g["scale"] == largest]
-    fit, reason = fit_axis(train, "n_params", "N", fixed_alpha, spare=1)
+    fit, reason = fit_axis(train, "n_params", label, fixed_alpha, spare=1)
     out: dict[str, Any] = {"held_out": str(largest), "n_fit_scales": int(train["scale"].nunique()), "reason": reason}
     if fit is None:
         return out
@@ -286,7 +289,7 @@ def scaling_analysis(
     "failed_draws": float | None, "extrapolation": bool}}}; fit dicts have E, A, alpha, x0,
     rmse, bound. An accepted N fit also has "prediction" (per measured scale: observed and
     predicted seed-mean loss with its prediction interval, _predict_scales) and every variant a
-    "backtest" (backtest(), or {"reason": ...}).
+    "backtest" vs N and a "backtest_flops" vs training FLOPs (backtest(), or {"reason": ...}).
     """
     rng = rng or np.random.default_rng(0)
     f = finals[(finals["extend"] == 1.0) & finals["complete"]].copy()
@@ -304,11 +307,12 @@ def scaling_analysis(
         if (n_fit := objs[variant][0]) is not None:
             fits[variant]["N"]["prediction"] = _predict_scales(sized, n_fit, fixed_alpha, rng)
         n_par, k = 3 if fixed_alpha is None else 2, sized["scale"].nunique()
-        fits[variant]["backtest"] = (
-            backtest(sized, fixed_alpha, rng)
-            if k >= n_par + SPARE_SCALES
-            else {"reason": f"{k} scales: a backtest holds out the largest and fits {n_par + 1} or more others"}
-        )
+        for key, axis in (("backtest", "N"), ("backtest_flops", "flops")):
+            fits[variant][key] = (
+                backtest(sized, fixed_alpha, rng, axis)
+                if k >= n_par + SPARE_SCALES
+                else {"reason": f"{k} scales: a backtest holds out the largest and fits {n_par + 1} or more others"}
+            )
     cross = {}
     for variant in objs:
         if variant != reference and reference in objs:

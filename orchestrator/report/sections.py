@@ -399,7 +399,7 @@ def scaling(summary: dict) -> Section:
         "that falls with x from every scale to the next; a fit on a parameter bound is refused too. Refused fits are not "
         f"drawn. {_coverage_sentence()}",
         *_prediction_lines(sc["fits"]),
-        "Backtest: the law fitted without the largest scale predicts it (the fit's reach, measured):",
+        "Backtest: the law fitted without the largest scale predicts it (the fit's reach, measured), vs N and vs training FLOPs:",
         *_backtest_lines(sc["fits"], 2 if sc.get("fixed_alpha") is not None else 3),
         f"Crossover: the N where a variant's perplexity advantage over `{ref}` reaches zero, from two accepted fits, with "
         f"a 95% bootstrap interval over seeds (paired where the seeds match); beyond the largest measured N it is an "
@@ -434,18 +434,22 @@ def _prediction_lines(fits: dict) -> list[str]:
 def _backtest_lines(fits: dict, n_par: int) -> list[str]:
     out = []
     for v, d in fits.items():
-        b = d.get("backtest") or {}
-        if b.get("predicted") is None:
-            out.append(f"`{v}`: no backtest: {b.get('reason') or 'no fit'}.")
-            continue
-        inside = {True: "inside its interval", False: "OUTSIDE its interval", None: "no interval"}[b["covered"]]
-        out.append(
-            f"`{v}`: fitted to {b['n_fit_scales']} scales, predicts {b['held_out']} (N = {b['n_params']:.3g}) at "
-            f"{b['predicted']:.4f} nats [{fmt(b['low'], '.4f')}, {fmt(b['high'], '.4f')}]; observed {b['observed']:.4f} "
-            f"over {b['n_seeds']} seeds: error {b['error']:+.4f} nats, {inside}."
-            + (" Fitted with one spare scale only." if b["n_fit_scales"] < n_par + SPARE_SCALES else "")
-        )
+        for key, x in (("backtest", "N"), ("backtest_flops", "FLOPs")):
+            if key in d:
+                out.append(_backtest_line(f"`{v}` vs {x}", x, d[key], n_par))
     return out
+
+
+def _backtest_line(who: str, x: str, b: dict, n_par: int) -> str:
+    if b.get("predicted") is None:
+        return f"{who}: no backtest: {b.get('reason') or 'no fit'}."
+    inside = {True: "inside its interval", False: "OUTSIDE its interval", None: "no interval"}[b["covered"]]
+    return (
+        f"{who}: fitted to {b['n_fit_scales']} scales, predicts {b['held_out']} ({x} = {b['n_params']:.3g}) at "
+        f"{b['predicted']:.4f} nats [{fmt(b['low'], '.4f')}, {fmt(b['high'], '.4f')}]; observed {b['observed']:.4f} "
+        f"over {b['n_seeds']} seeds: error {b['error']:+.4f} nats, {inside}."
+        + (" Fitted with one spare scale only." if b["n_fit_scales"] < n_par + SPARE_SCALES else "")
+    )
 
 
 def _crossover_lines(cross: dict) -> list[str]:

@@ -382,7 +382,9 @@ def _launch_and_watch(
     size = todo[0][0].resources.runs_per_trainer
     how = f"runs_per_trainer auto: {slots} slot(s)" if size == "auto" else f"runs_per_trainer {size}"
     again = len({recorded[r.run_id] for r, _ in todo if r.run_id in recorded})
-    console.print(f"{len(todo)} run(s) in {len(packs)} worker group(s) ({how}" + (f"; {again} resumed as launched)" if again else ")"))
+    console.print(
+        f"{len(todo)} run(s) in {len(packs)} worker group(s) ({how}" + (f"; {again} of them resumed as launched)" if again else ")")
+    )
     mlflow_ids = {r.run_id: m for r, m in todo}
     _record_packs(uri, packs, mlflow_ids, recorded)
 

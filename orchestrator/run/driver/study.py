@@ -59,7 +59,7 @@ from orchestrator.plan.tuning import KIND, ArmKey, LrChoice
 from orchestrator.run.driver.leasing import study_lease
 from orchestrator.run.driver.records import existing_runs
 from orchestrator.run.driver.runner import StudyResult, run_runs
-from orchestrator.track.gate_record import record_gate
+from orchestrator.track.gate_record import record_gate, record_gate_ran
 from orchestrator.track.provenance import Provenance
 from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import client_for, ensure_experiment, run_status, set_tune_tag, study_tracking_uri, unigram_from_tags
@@ -366,4 +366,5 @@ def _gate_rung(
         record_gate(client, exp_id, ev)
         colour = "red" if ev.stopped else "green"
         console.print(f"gate [{colour}]{escape(ev.variant)}[/] ({escape(ev.corpus)}): {escape(ev.sentence())}")
+    record_gate_ran(client, exp_id, gate, scale)
     return out

@@ -189,6 +189,11 @@ def ladder_quotes(folder: Path) -> list[Quote]:
         out.append((LADDER_SECTION, why.removeprefix("the best fit ").removesuffix(" (lower)")))
     flops_fit = summary["scaling"]["fits"]["standard"]["flops"]["fit"]
     out.append((LADDER_SECTION, f"E {flops_fit['E']:.4f} nats, alpha {flops_fit['alpha']:.3f}, rmse {flops_fit['rmse']:.3f}"))
+    b = summary["scaling"]["fits"]["standard"]["backtest_flops"]
+    out.append((LADDER_SECTION, f"predicts {b['held_out']} at {b['predicted']:.4f} nats [{b['low']:.4f}, {b['high']:.4f}]"))
+    out.append((LADDER_SECTION, f"Observed: {b['observed']:.4f} over {b['n_seeds']} seeds"))
+    out.append((LADDER_SECTION, f"an error of {b['error']:+.4f} nats, inside the 95% prediction interval"))
+    out.append((LADDER_SECTION, f"decided after {', '.join(summary['gate']['decided_after'])} (after"))
     saving = summary["gate_saving"]
     out.append((LADDER_SECTION, f"{saving['saved_flops']:.0f} of the plan's {saving['planned_flops']:.3g} training FLOPs"))
     return out

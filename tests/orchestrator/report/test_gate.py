@@ -17,7 +17,7 @@ import pytest
 from orchestrator.plan.gate import GateSpec
 from orchestrator.report import build_report
 from orchestrator.report.gate import TABLE, decide
-from orchestrator.track.gate_record import gates_from_tags, record_gate, recorded_gates
+from orchestrator.track.gate_record import gates_from_tags, record_gate, record_gate_ran, recorded_gates
 from orchestrator.track.tracking import client_for
 from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
@@ -146,10 +146,10 @@ def test_an_arm_no_longer_stopped_loses_its_record(store):
 
 
 def test_a_gate_that_stopped_no_arm_is_reported_with_a_saving_of_zero(tmp_path):
-    """A gated study where no arm was ever worse past the bound: built with its spec's gate, the
-    report says the gate ran, stopped nothing and saved 0 FLOPs of the plan's; built without it
-    (the store alone cannot tell a gated study that stopped nothing from an ungated one), it
-    has no gate section (the control)."""
+    """A gated study where no arm was ever worse past the bound: the store records that the gate
+    ran (its settings and the rungs it decided after), so the report says it ran, stopped
+    nothing and saved 0 FLOPs of the plan's. Control: the same store without that record (a
+    study without a gate) gets no gate section. A changed gate restarts the record."""
     none = SyntheticStudy(
         study="gated-none",
         variants={"standard": 1.0, "close": 0.97},
@@ -165,12 +165,18 @@ def test_a_gate_that_stopped_no_arm_is_reported_with_a_saving_of_zero(tmp_path):
     plan = [
         {"variant": v, "scale": sc, "seed": sd, "extend": 1.0, "flops": 2e18} for v in none.variants for sc in none.scales for sd in (0, 1)
     ]
-    spec = GateSpec(worse_than=0.02, currency="flops")
-    summary = build_report(none.study, uri, tmp_path / "r", n_boot=50, log_to_mlflow=False, expected=plan, gate_spec=spec)
-    assert summary["gates"] == [] and summary["gate"]["worse_than"] == 0.02
-    assert summary["gate_saving"] == {"saved_flops": 0.0, "planned_flops": 8 * 2e18, "fraction": 0.0}
-    md = (tmp_path / "r" / "report.md").read_text()
-    assert "## Gated arms" in md and "(here +0.02 nats at equal model FLOPs, 95% interval;" in md
-    assert "No arm was stopped: every planned run trained." in md and "The gate saved 0 training FLOPs of the 1.6e+19" in md
     bare = build_report(none.study, uri, tmp_path / "bare", n_boot=50, log_to_mlflow=False, expected=plan)
     assert "gate_saving" not in bare and "## Gated arms" not in (tmp_path / "bare" / "report.md").read_text()
+
+    client = client_for(uri)
+    exp_id = client.get_experiment_by_name(none.study).experiment_id
+    spec = GateSpec(worse_than=0.02, currency="flops")
+    record_gate_ran(client, exp_id, GateSpec(worse_than=0.5), "xs")  # an earlier submit's other gate
+    for scale in ("xs", "xs"):  # a resubmit decides the same rung again: listed once
+        record_gate_ran(client, exp_id, spec, scale)
+    summary = build_report(none.study, uri, tmp_path / "r", n_boot=50, log_to_mlflow=False, expected=plan)
+    assert summary["gates"] == [] and summary["gate"] == {"gate": spec.model_dump(), "decided_after": ["xs"]}
+    assert summary["gate_saving"] == {"saved_flops": 0.0, "planned_flops": 8 * 2e18, "fraction": 0.0}
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Gated arms" in md and "(here +0.02 nats at equal model FLOPs, 95% interval, decided after xs;" in md
+    assert "No arm was stopped: every planned run trained." in md and "The gate saved 0 training FLOPs of the 1.6e+19" in md

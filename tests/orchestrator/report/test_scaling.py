@@ -121,6 +121,19 @@ def test_backtest_catches_a_largest_scale_that_leaves_the_law():
     assert b["error"] == pytest.approx(0.1, abs=0.02) and b["covered"] is False
 
 
+def test_backtest_vs_flops_predicts_the_held_out_scale_and_catches_one_that_leaves_the_law():
+    """FLOPs = 120 N^2 here, so the loss is a power law in FLOPs too (exponent alpha / 2): fitted
+    on four scales it predicts the fifth. Negative control: the fifth 0.1 nats above the law."""
+    n = np.logspace(6, 8, 5)
+    law = _law(*REF)
+    b = scaling_analysis(_finals({"standard": law}, n, noise=0.003), "standard", n_boot=20)["fits"]["standard"]["backtest_flops"]
+    assert b["held_out"] == "s4" and b["n_params"] == pytest.approx(120 * n[-1] ** 2) and b["reason"] is None
+    assert b["predicted"] == pytest.approx(law(n[-1]), abs=0.02) and b["covered"]
+    off = scaling_analysis(_finals({"standard": lambda x: law(x) + 0.1 * (x >= n[-1])}, n, noise=0.003), "standard", n_boot=20)
+    b = off["fits"]["standard"]["backtest_flops"]
+    assert b["error"] == pytest.approx(0.1, abs=0.02) and b["covered"] is False
+
+
 def test_prediction_intervals_cover_the_law_and_widen_with_seed_noise():
     n = np.logspace(6, 8, 5)
     widths = {}
@@ -135,7 +148,8 @@ def test_prediction_intervals_cover_the_law_and_widen_with_seed_noise():
 
 def test_four_scales_have_no_backtest():
     res = scaling_analysis(_finals({"standard": _law(*REF)}, np.logspace(6, 8, 4)), "standard", n_boot=20)
-    assert res["fits"]["standard"]["backtest"] == {"reason": "4 scales: a backtest holds out the largest and fits 4 or more others"}
+    why = {"reason": "4 scales: a backtest holds out the largest and fits 4 or more others"}
+    assert res["fits"]["standard"]["backtest"] == res["fits"]["standard"]["backtest_flops"] == why
 
 
 def test_the_scaling_section_prints_intervals_backtest_and_an_extrapolated_crossover():
@@ -143,7 +157,9 @@ def test_the_scaling_section_prints_intervals_backtest_and_an_extrapolated_cross
     res = scaling_analysis(_finals({"standard": _law(*REF), "coupled": _law(*VAR)}, n), "standard", n_boot=50)
     text = "\n".join(scaling({"scaling": res, "reference": "standard"}).text)
     b = res["fits"]["standard"]["backtest"]
-    assert f"`standard`: fitted to 4 scales, predicts s4 (N = 3.16e+08) at {b['predicted']:.4f} nats" in text
+    assert f"`standard` vs N: fitted to 4 scales, predicts s4 (N = 3.16e+08) at {b['predicted']:.4f} nats" in text
+    bf = res["fits"]["standard"]["backtest_flops"]
+    assert f"`standard` vs FLOPs: fitted to 4 scales, predicts s4 (FLOPs = {bf['n_params']:.3g}) at {bf['predicted']:.4f}" in text
     assert "inside its interval. Fitted with one spare scale only." in text
     p = res["fits"]["coupled"]["N"]["prediction"][0]
     assert f"s0 {p['predicted']:.4f} [{p['low']:.4f}, {p['high']:.4f}] observed {p['observed']:.4f}" in text

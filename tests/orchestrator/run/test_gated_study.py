@@ -11,7 +11,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.track.gate_record import recorded_gates
+from orchestrator.track.gate_record import gate_ran_from_tags, recorded_gates
 from tests.fixtures.studies import train_study
 from tests.helpers import qk
 
@@ -48,6 +48,9 @@ def test_the_gate_stops_the_bad_arm_and_the_reference_trains_every_rung(tmp_path
     assert (ev.variant, ev.scale, ev.rung, ev.skipped, ev.n_pairs) == ("frozen", "tiny1", 1, ("tiny2",), 3)
     assert ev.stopped and ev.dloss > 0.02 and ev.low > 0
     assert "3 gated" in study.log and f"gate frozen ({ev.corpus}): {ev.sentence()}" in " ".join(study.log.split())
+    # the gate's own record: its settings and the rungs it decided after (none after the largest)
+    ran = gate_ran_from_tags(client.get_experiment(exp.experiment_id).tags)
+    assert ran is not None and ran["decided_after"] == ["tiny1"] and ran["gate"]["worse_than"] == 0.02
 
     again = qk("run", "gated.yaml", cwd=study.folder, env=study.env)  # a resubmit: decides the same, trains nothing
     assert again.returncode == 0, again.stderr[-3000:]

@@ -56,7 +56,7 @@ def test_pack_names_survive_finished_runs():
 
 
 def test_runs_per_trainer_must_be_positive():
-    with pytest.raises(ValueError, match="runs_per_trainer"):
+    with pytest.raises(ValueError, match=r"must be an integer >= 1 or 'auto' \(got 0\)"):
         _runs(0)
 
 
@@ -113,9 +113,10 @@ def test_runs_never_launched_are_packed_afresh_beside_recorded_ones():
     assert make_packs(order, set(ids[1:]), slots=2, recorded=recorded) == make_packs(order, set(ids[1:]), slots=2)
 
 
-def test_runs_per_trainer_takes_a_positive_number_or_auto():
-    with pytest.raises(ValueError, match="runs_per_trainer"):
-        _runs("some")
+@pytest.mark.parametrize("bad", ["some", "Auto", True, "2", 2.0, 1.5, [2], None])
+def test_runs_per_trainer_takes_a_positive_number_or_auto_and_coerces_nothing(bad):
+    with pytest.raises(ValueError, match=r"resources.runs_per_trainer: must be an integer >= 1 or 'auto' \(got "):
+        _runs(bad if bad is not None else "null")
 
 
 def test_the_demo_on_one_slot_packs_as_it_did_with_runs_per_trainer_8():
