@@ -214,6 +214,9 @@ def _lease_dir(location: str, name: str, settle_s: float) -> _LocalDir | _ArrowD
     return _ArrowDir(fs, f"{path.rstrip('/')}/{LEASE_DIR}/{name}", settle_s)
 
 
+_READ_RETRIES, _READ_RETRY_S = 5, 0.1
+
+
 def _current(d: _LocalDir | _ArrowDir) -> tuple[int, Holder | None]:
     """(highest generation, its holder) — (0, None) for a lease never taken. Writes are atomic
     (link, rename, one put), so a file that does not parse is foreign: a holder long dead."""
@@ -222,6 +225,11 @@ def _current(d: _LocalDir | _ArrowDir) -> tuple[int, Holder | None]:
         return 0, None
     gen = gens[-1]
     raw = d.read(_GEN_FILE.format(gen))
+    for _ in range(_READ_RETRIES):  # listed but not read: a failed request (an object store under load), not a foreign file
+        if raw is not None:
+            break
+        time.sleep(_READ_RETRY_S)
+        raw = d.read(_GEN_FILE.format(gen))
     try:
         data = json.loads(raw or b"")
         return gen, Holder(**{k: v for k, v in data.items() if k in _HOLDER_FIELDS})

@@ -116,10 +116,13 @@ def test_parallel_prepare_from_an_unguarded_script(tmp_path):
 
 
 # Digests of what the in-memory prepare (commit 80eec05, before prepare streamed) wrote for these
-# three corpora: a tokenizer sample drawn below the line count, several shards per split from a
-# process pool, and the tiny-corpus fallback that moves one document to val.
+# corpora: several shards per split from a process pool, and the tiny-corpus fallback that moves
+# one document to val. A third, a tokenizer sample drawn below the line count ("sampled":
+# 02beb4d6... there), is not compared byte for byte: SentencePiece's trainer made another model
+# from the same 500 lines on an AMD EPYC machine (6f336e5a..., at that commit's code too), so
+# its bytes depend on the CPU; test_a_sampled_tokenizer_is_trained_on_the_listed_sample checks
+# that case's input and determinism instead.
 IN_MEMORY_DIGESTS = {
-    "sampled": "02beb4d675ba0f55d8f2d1d6caa9456031bf7142e130ce296b5fcc281d3af4a2",
     "shards": "1ec1dcee5328da06c87418b99b3669adf93520a611eefbd74a2ef4eaaf8941c3",
     "fallback": "d021c95f15e4a1e2dc5cfe4d26b6f97b68acad3eae9db838b85452b6e257dc1a",
 }
@@ -127,11 +130,7 @@ IN_MEMORY_DIGESTS = {
 
 @pytest.mark.parametrize(
     "case, chunk_chars, corpus_kw, tokenizer_kw, num_proc",
-    [
-        ("sampled", 1 << 20, {}, {"vocab_size": 300, "max_sentences": 500}, 1),
-        ("shards", 20_000, {}, {"vocab_size": 300}, 2),
-        ("fallback", 1 << 20, {"val_fraction": 0.001}, {"vocab_size": 300}, 1),
-    ],
+    [("shards", 20_000, {}, {"vocab_size": 300}, 2), ("fallback", 1 << 20, {"val_fraction": 0.001}, {"vocab_size": 300}, 1)],
 )
 def test_streamed_prepare_writes_what_the_in_memory_one_did(tmp_path, monkeypatch, case, chunk_chars, corpus_kw, tokenizer_kw, num_proc):
     """Streaming changed how prepare reads, not what it writes: the prepared corpora of published
@@ -149,14 +148,26 @@ def test_streamed_prepare_writes_what_the_in_memory_one_did(tmp_path, monkeypatc
     assert prepared_digest(prep.path) == IN_MEMORY_DIGESTS[case]
 
 
-def test_a_different_draw_is_detected_by_theprepared_digest(tmp_path):
-    """Negative control: the digest sees a one-line change of the tokenizer's sample."""
+def test_a_sampled_tokenizer_is_trained_on_the_listed_sample_and_prepare_repeats_itself(tmp_path, monkeypatch):
+    """The streamed prepare hands SentencePiece a sample of max_sentences lines (that it is the
+    list's draw: test_the_streamed_sample_is_the_listed_one), and two prepares of the same corpus
+    write the same bytes. Negative control: a one-line change of the
+    sample (499 lines) changes the digest."""
+    import data_pipeline.tokenizer as tok
+
     root = tmp_path / "corpus"
     root.mkdir()
     write_words_corpus(root)
     corpus = CorpusConfig(source="text", paths=[str(root)])
-    prep = prepare(corpus, TokenizerConfig(vocab_size=300, max_sentences=499), tmp_path / "cache", num_proc=1, progress=False)
-    assert prepared_digest(prep.path) != IN_MEMORY_DIGESTS["sampled"]
+    cfg = TokenizerConfig(vocab_size=300, max_sentences=500)
+    fed: list[list[str]] = []
+    real = tok.sample_sentences
+    monkeypatch.setattr(tok, "sample_sentences", lambda *a, **k: fed.append(real(*a, **k)) or fed[-1])
+    digests = [prepared_digest(prepare(corpus, cfg, tmp_path / f"cache{i}", num_proc=1, progress=False).path) for i in range(2)]
+    assert len(fed) == 2 and fed[0] == fed[1] and len(fed[0]) == 500
+    assert digests[0] == digests[1]
+    other = prepare(corpus, TokenizerConfig(vocab_size=300, max_sentences=499), tmp_path / "cache-499", num_proc=1, progress=False)
+    assert prepared_digest(other.path) != digests[0]
 
 
 def test_the_streamed_sample_is_the_listed_one():

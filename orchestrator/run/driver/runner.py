@@ -301,6 +301,22 @@ def _register(
     return todo, recorded
 
 
+def _packs(
+    plan_order: list[RunSpec], todo: list[tuple[RunSpec, str]], recorded: dict[str, str], slots: int, uri: str, console: Console
+) -> list[Pack]:
+    """The packs that train ``todo`` (``make_packs`` on ``slots``), said on the console and
+    recorded on each run's MLflow record (``_record_packs``) before any launches."""
+    packs = make_packs(plan_order, {r.run_id for r, _ in todo}, slots, recorded)
+    size = todo[0][0].resources.runs_per_trainer
+    how = f"runs_per_trainer auto: {slots} slot(s)" if size == "auto" else f"runs_per_trainer {size}"
+    again = len({recorded[r.run_id] for r, _ in todo if r.run_id in recorded})
+    console.print(
+        f"{len(todo)} run(s) in {len(packs)} worker group(s) ({how}" + (f"; {again} of them resumed as launched)" if again else ")")
+    )
+    _record_packs(uri, packs, {r.run_id: m for r, m in todo}, recorded)
+    return packs
+
+
 def _record_packs(uri: str, packs: list[Pack], mlflow_ids: dict[str, str], recorded: dict[str, str]) -> None:
     """Tag each run not yet recorded in its pack with the pack's name (``packing.PACK_TAG``),
     before the pack launches: a resubmit then finds the run's checkpoints under that name."""
@@ -377,16 +393,8 @@ def _launch_and_watch(
         nodes = alive_nodes()
         return max(grown, *(capacity(r, nodes, most=len(todo)) for r in shapes))
 
-    slots = limit()
-    packs = make_packs(plan_order, {r.run_id for r, _ in todo}, slots, recorded)
-    size = todo[0][0].resources.runs_per_trainer
-    how = f"runs_per_trainer auto: {slots} slot(s)" if size == "auto" else f"runs_per_trainer {size}"
-    again = len({recorded[r.run_id] for r, _ in todo if r.run_id in recorded})
-    console.print(
-        f"{len(todo)} run(s) in {len(packs)} worker group(s) ({how}" + (f"; {again} of them resumed as launched)" if again else ")")
-    )
     mlflow_ids = {r.run_id: m for r, m in todo}
-    _record_packs(uri, packs, mlflow_ids, recorded)
+    packs = _packs(plan_order, todo, recorded, limit(), uri, console)
 
     with StudyProgress(study_name, [p.runs for p in packs], console) as view:
 
