@@ -39,6 +39,7 @@ refused are counted and reported.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -309,7 +310,8 @@ def scaling_analysis(
         n_par, k = 3 if fixed_alpha is None else 2, sized["scale"].nunique()
         for key, axis in (("backtest", "N"), ("backtest_flops", "flops")):
             fits[variant][key] = (
-                backtest(sized, fixed_alpha, rng, axis)
+                # the FLOP backtest draws from a copy: the N path's stream (PI_COVERAGE's simulation) is unchanged
+                backtest(sized, fixed_alpha, rng if axis == "N" else copy.deepcopy(rng), axis)
                 if k >= n_par + SPARE_SCALES
                 else {"reason": f"{k} scales: a backtest holds out the largest and fits {n_par + 1} or more others"}
             )

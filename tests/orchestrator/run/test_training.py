@@ -94,10 +94,13 @@ def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
     assert ref_diag["attn/probe_windows"] == [16.0] * 5 and len(ref_diag) == 1 + 3 * (2 + 3)  # 3 layers
     for name, d in diags.items():
         assert d.keys() == ref_diag.keys(), name
-        # torch.compile's kernels sum in another order: its weights drift from eager's by more
+        # torch.compile's kernels sum in another order: its weights drift from eager's by more.
+        # Eager, two workers' all-reduce rounds differently from one: 1.6e-3 of layer 1's entropy at
+        # its last evals on an AMD EPYC (2026-12-06), within 1e-3 elsewhere: bound 2e-3, 5x under
+        # the control below.
         loose = 5.0 if name.endswith("compiled") else 1.0
         for k, v in d.items():  # a std across windows differences nearby values: 1e-3 of the weights shows as more
-            assert _rel(v, ref_diag[k]) < loose * (1e-2 if k.endswith("/std") else 1e-3), (name, k, v, ref_diag[k])
+            assert _rel(v, ref_diag[k]) < loose * (1e-2 if k.endswith("/std") else 2e-3), (name, k, v, ref_diag[k])
     # negative control: the diagnostics move with training by far more than that tolerance
     assert abs(ref_diag["attn/entropy"][-1] / ref_diag["attn/entropy"][0] - 1) > 1e-2
     assert _rel(ref_diag["attn/entropy/std"][1:], ref_diag["attn/entropy/std"][:-1]) > 1e-1
