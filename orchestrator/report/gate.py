@@ -186,7 +186,7 @@ def section_text(summary: dict) -> list[str]:
         "The reference trained every rung."
     ]
     if not summary.get("gates"):
-        text.append("No arm was stopped: every planned run trained.")
+        text.append("No arm was stopped: the gate skipped no planned run.")
     for g in summary.get("gates", []):
         where = f" on corpus `{g['corpus']}`" if summary.get("corpus") else ""
         text.append(f"`{g['variant']}`{where} {g['sentence']}; not trained at {', '.join(g['skipped']) or '—'}.")

@@ -242,6 +242,7 @@ def backtest(g: pd.DataFrame, fixed_alpha: float | None, rng: np.random.Generato
     """
     col, label = AXES[axis]
     g = g.assign(n_params=g[col])  # the fit and its prediction interval read x from n_params
+    g = g[np.isfinite(g["n_params"]) & (g["n_params"] > 0)]  # as refusal() reads them
     order = g.groupby("scale")["n_params"].median().sort_values()
     largest = order.index[-1]
     train, held = g[g["scale"] != largest], g[g["scale"] == largest]

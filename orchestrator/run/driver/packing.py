@@ -30,7 +30,16 @@ from orchestrator.plan.contract import RunSpec
 from orchestrator.run.driver.leasing import run_leases
 from orchestrator.run.driver.placement import worker_resources
 from orchestrator.track.timeline import Timeline
-from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, STATUS_QUEUED, client_for, run_status, run_tag, set_status
+from orchestrator.track.tracking import (
+    STATUS_FAILED,
+    STATUS_FINISHED,
+    STATUS_QUEUED,
+    client_for,
+    last_logged_step,
+    run_status,
+    run_tag,
+    set_status,
+)
 
 PACK_TAG = "pack"  # the run's MLflow tag (namespaced): the pack it was launched in
 
@@ -175,8 +184,9 @@ def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str,
 def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dict[str, Any]]:
     """{run_id: {status, reason}} from MLflow; a run the group did not end (it crashed before
     the run finished) is marked failed there with the crash as its reason. One it never
-    started (still queued there) is left queued and comes back failed with ``"started":
-    False``: the driver trains it in another pack or marks it failed (``requeue``)."""
+    started (still queued there, with no ``tokens`` point logged) is left queued and comes back
+    failed with ``"started": False``: the driver trains it in another pack or marks it failed
+    (``requeue``)."""
     client = client_for(tracking_uri)
     out: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -191,7 +201,9 @@ def _outcomes(items: list[dict], tracking_uri: str, crash: str) -> dict[str, dic
             }
             continue
         status, reason = run_status(record), run_tag(record.data.tags, "failure_reason") or ""
-        if status == STATUS_QUEUED:  # never started: the driver requeues it or fails it (``requeue``)
+        # never started (still queued, and no training point: a run whose status write was lost
+        # while MLflow was down has points): the driver requeues it or fails it (``requeue``)
+        if status == STATUS_QUEUED and last_logged_step(client, mlflow_id) < 0:
             out[run_id] = {"status": STATUS_FAILED, "reason": crash or "the worker group ended before this run started", "started": False}
             continue
         if status != STATUS_FINISHED and not (status == STATUS_FAILED and reason):

@@ -14,9 +14,10 @@ record is written before Ray ends the group: a retried group
 skips the failed run (``RunLoop._ended_earlier``) and the pack, and the study, go on. The
 MLflow write is bounded too (``record_timeout_s``): a stall never turns into a hang.
 
-Also here: the fault-injection hooks ``QKSTUDY_TEST_KILL_AT_STEP`` (the process dies after a step)
-and ``QKSTUDY_TEST_BLOCK_AT_STEP`` (a step that never returns), each installed once per worker,
-and ``chain_hooks``.
+Also here: the fault-injection hooks ``QKSTUDY_TEST_KILL_AT_STEP`` (the process dies after a step;
+``QKSTUDY_TEST_KILL_RUN`` limits it to the run of that name) and ``QKSTUDY_TEST_BLOCK_AT_STEP`` (a
+step that never returns), installed for each run of a worker group's first attempt, and
+``chain_hooks``.
 """
 
 from __future__ import annotations

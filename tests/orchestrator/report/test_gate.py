@@ -179,4 +179,4 @@ def test_a_gate_that_stopped_no_arm_is_reported_with_a_saving_of_zero(tmp_path):
     assert summary["gate_saving"] == {"saved_flops": 0.0, "planned_flops": 8 * 2e18, "fraction": 0.0}
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Gated arms" in md and "(here +0.02 nats at equal model FLOPs, 95% interval, decided after xs;" in md
-    assert "No arm was stopped: every planned run trained." in md and "The gate saved 0 training FLOPs of the 1.6e+19" in md
+    assert "No arm was stopped: the gate skipped no planned run." in md and "The gate saved 0 training FLOPs of the 1.6e+19" in md

@@ -276,3 +276,27 @@ def test_object_store_race_has_one_holder_and_heartbeats(s3_uri, tmp_path):
         assert "secret" not in str(e.value) and "key:***@" in str(e.value)  # the URI's password is masked
     finally:
         lease.release()
+
+
+def test_a_generation_listed_but_not_read_at_first_is_read_again(tmp_path, monkeypatch):
+    """A failed read of the current generation (an object store's request under load) is retried,
+    not taken for a foreign holder ('?'). Control: a read that keeps failing still gives '?'."""
+    import orchestrator.track.lease as L
+
+    lease = Lease(str(tmp_path), "again", ttl_s=30).acquire()
+    try:
+        real, fails = L._LocalDir.read, {"left": 2}
+
+        def flaky(self, name):
+            if fails["left"]:
+                fails["left"] -= 1
+                return None
+            return real(self, name)
+
+        monkeypatch.setattr(L._LocalDir, "read", flaky)
+        h = read_lease(str(tmp_path), "again")
+        assert h is not None and h.host == socket.gethostname() and h.pid == os.getpid() and fails["left"] == 0
+        monkeypatch.setattr(L._LocalDir, "read", lambda self, name: None)
+        assert read_lease(str(tmp_path), "again").host == "?"
+    finally:
+        lease.release()
