@@ -244,6 +244,8 @@ def backtest(g: pd.DataFrame, fixed_alpha: float | None, rng: np.random.Generato
     g = g.assign(n_params=g[col])  # the fit and its prediction interval read x from n_params
     g = g[np.isfinite(g["n_params"]) & (g["n_params"] > 0)]  # as refusal() reads them
     order = g.groupby("scale")["n_params"].median().sort_values()
+    if len(order) < 2:  # e.g. no run logged its FLOPs
+        return {"held_out": None, "n_fit_scales": 0, "reason": f"{len(order)} scale(s) with {label} logged: nothing to hold out"}
     largest = order.index[-1]
     train, held = g[g["scale"] != largest], g[g["scale"] == largest]
     fit, reason = fit_axis(train, "n_params", label, fixed_alpha, spare=1)

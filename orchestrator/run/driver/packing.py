@@ -131,7 +131,11 @@ def requeue(pack: Pack, outcomes: dict[str, dict[str, Any]]) -> Pack | None:
     another (so each requeue is smaller: a pack whose group failed before any run is not
     retried), else None. ``outcomes``: ``fit_pack``'s. Why: runs share a worker group for its
     start-up only; a run that crashes the group past its retries must not fail the runs queued
-    behind it."""
+    behind it. A branch family is never split: its branches start from the trunk's branch
+    points, and a pack of branches alone would release them once it finished (a branch left
+    unstarted waits for a resubmit of the whole family)."""
+    if any(r.trunk or r.branch_points for r in pack.runs):
+        return None
     left = [r for r in pack.runs if outcomes.get(r.run_id, {}).get("started") is False]
     return Pack(_named(left, named_by_run=len(left) == 1), tuple(left)) if left and len(left) < len(pack.runs) else None
 

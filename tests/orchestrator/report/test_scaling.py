@@ -146,6 +146,16 @@ def test_prediction_intervals_cover_the_law_and_widen_with_seed_noise():
     assert 4 < widths[0.03] / widths[0.003] < 25  # width follows the noise, not a constant
 
 
+def test_no_flops_logged_gives_a_flop_backtest_reason_and_keeps_the_n_one():
+    """Runs that logged no FLOPs: the FLOP backtest says why it has nothing to hold out (it
+    used to raise IndexError and take the report down); the N backtest is unchanged."""
+    f = _finals({"standard": _law(*REF)}, np.logspace(6, 8, 5))
+    res = scaling_analysis(f.assign(final_flops=np.nan), "standard", n_boot=20)["fits"]["standard"]
+    why = "0 scale(s) with training FLOPs logged: nothing to hold out"
+    assert res["backtest_flops"] == {"held_out": None, "n_fit_scales": 0, "reason": why}
+    assert res["backtest"] == scaling_analysis(f, "standard", n_boot=20)["fits"]["standard"]["backtest"]
+
+
 def test_four_scales_have_no_backtest():
     res = scaling_analysis(_finals({"standard": _law(*REF)}, np.logspace(6, 8, 4)), "standard", n_boot=20)
     why = {"reason": "4 scales: a backtest holds out the largest and fits 4 or more others"}

@@ -32,3 +32,20 @@ def test_only_runs_queued_with_no_training_point_count_as_never_started(tmp_path
     assert client.get_run(ids[2]).data.tags["qkstudy.status"] == "failed"
     again = requeue(Pack("pack-x", tuple(runs)), out)
     assert again is not None and again.runs == (runs[1],) and again.name == runs[1].run_id
+
+
+def test_a_branch_family_whose_trunk_crashed_its_group_is_not_split():
+    """A trunk that crashed its group leaves its branches unstarted. Requeued alone they would
+    start from its branch points and release them when their pack ends, so the trunk's resume
+    (or a branch's own) would find them gone: the family is not requeued. The control: a plain
+    pack with the same outcomes is."""
+    spec = {"name": "f", "scales": ["cpu-xs"], "variants": ["standard"], "budget": {"tokens": 40960}}
+    family = plan(parse_spec({**spec, "protocol": "branches", "extend": [1.5, 2], "train": {"schedule": "wsd"}}))
+    trunk = next(r for r in family if r.branch_points)
+    assert trunk.branch_points and sum(r.trunk == trunk.run_id for r in family) == 2
+    out = {r.run_id: {"status": "failed", "reason": "boom"} | ({} if r is trunk else {"started": False}) for r in family}
+    assert requeue(Pack("family", tuple(family)), out) is None
+    plain = plan(parse_spec({**spec, "seeds": [0, 1, 2]}))
+    out = {r.run_id: {"status": "failed", "reason": "boom"} | ({} if i == 0 else {"started": False}) for i, r in enumerate(plain)}
+    again = requeue(Pack("plain", tuple(plain)), out)
+    assert again is not None and again.runs == tuple(plain[1:])
