@@ -10,7 +10,8 @@ repeated tokens are worth less than fresh ones after about 4 epochs, hence the d
 - ``manifest``: a prepared corpus (its content hash found under the data cache root) says
   its train split's tokens (exact);
 - ``estimate``: otherwise the train input files' bytes on disk (``max_bytes`` applied, the
-  ``val_fraction`` held out, a mixture as its sampler draws it) / ``BYTES_PER_TOKEN``;
+  ``val_fraction`` held out, a mixture as its sampler draws it; under ``max_documents`` the
+  kept documents' own bytes, read) / ``BYTES_PER_TOKEN``;
   compressed Parquet holds more text than its bytes, so its estimate errs low (more epochs);
 - ``unknown``: a corpus whose files cannot be read here, or a Hugging Face dataset.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from data_pipeline import CorpusConfig, DataError, storage
-from data_pipeline.sources import input_file_sizes
+from data_pipeline.sources import input_file_sizes, iter_documents
 from orchestrator.plan.contract import RunSpec
 from orchestrator.plan.spec import Study
 
@@ -45,6 +46,12 @@ def _estimate(corpus: CorpusConfig) -> float | None:
     """Train tokens estimated from input bytes (module docstring); None for ``hf``."""
     if corpus.source == "hf":
         return None
+    if corpus.max_documents is not None:
+        # A document cap: the bytes of the documents it keeps (at most max_documents read), not
+        # of every input file (60 of the stdlib's files are not its 11 MB).
+        docs = [(len(d.text.encode("utf-8")), d.split) for d in iter_documents(corpus)]
+        train = sum(n for n, split in docs if split is None)
+        return train * (1 if any(split for _, split in docs) else 1 - corpus.val_fraction) / BYTES_PER_TOKEN
     if corpus.source == "mixture":
         # The sampler draws w_i x M of each component, M the largest total none runs out at;
         # in bytes in place of documents.

@@ -117,7 +117,7 @@ def _proc_start(pid: int) -> str:
     return "Z" if fields[0] in ("Z", "X") else fields[19]
 
 
-def _dead_here(h: Holder) -> bool:
+def dead_here(h: Holder) -> bool:
     """True when ``h`` ran on this machine (same node id) and its process is gone."""
     if not h.node or h.node != _node_id():
         return False
@@ -314,7 +314,7 @@ class Lease:
         age = h.age_s()
         if age > self.ttl_s:
             return f"its heartbeat is {age:.1f} s old (ttl {self.ttl_s:g} s)"
-        if self.local_liveness and _dead_here(h):
+        if self.local_liveness and dead_here(h):
             return f"its process (pid {h.pid}) is gone from this machine"
         return None
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.plan.spec import STUDY_NAME_RULE, default_workdir, study_name_ok
 from orchestrator.plan.tuning import KIND as KIND_TUNE
-from orchestrator.track.lease import DEFAULT_TTL_S, STUDY_LEASE, Holder, read_lease, run_lease_name
+from orchestrator.track.lease import DEFAULT_TTL_S, STUDY_LEASE, Holder, dead_here, read_lease, run_lease_name
 from orchestrator.track.store_probe import probe_store
 from orchestrator.track.tracking import (
     KIND_TRAIN,
@@ -76,9 +76,13 @@ def _holder(storage: str, name: str) -> Holder | None | str:
 
 
 def describe_holder(h: Holder | None | str) -> str:
-    """One line for a lease holder: who and the heartbeat age, noting one past the ttl."""
+    """One line for a lease holder: who and the heartbeat age, noting one past the ttl, or one
+    on this machine whose process is gone (a killed driver's: the next driver takes over at
+    once, ``lease.dead_here``, so status says so before the ttl runs out)."""
     if h is None or isinstance(h, str):
         return h or ""
+    if dead_here(h):
+        return h.describe() + " (its process on this machine is gone: dead, the next driver takes over)"
     stale = f" (over {DEFAULT_TTL_S:g} s: presumed dead, the next driver takes over)" if h.age_s() > DEFAULT_TTL_S else ""
     return h.describe() + stale
 

@@ -44,6 +44,16 @@ def test_max_bytes_caps_the_estimate(tmp_path):
     assert corpus_size(c, None, str(tmp_path)).train_tokens == pytest.approx(7_000 * 0.9 / BYTES_PER_TOKEN)
 
 
+def test_max_documents_caps_the_estimate_at_the_kept_documents_bytes(tmp_path):
+    """Two of four 7,000-byte documents: 14,000 bytes, not the files' 28,000 (the estimate
+    read the files' sizes whatever the cap, so a capped corpus looked twice as big)."""
+    c = _text_corpus(tmp_path, 28_000).model_copy(update={"max_documents": 2})
+    assert corpus_size(c, None, str(tmp_path)).train_tokens == pytest.approx(14_000 * 0.9 / BYTES_PER_TOKEN)
+    # a cap above the document count keeps them all: the uncapped figure (the control)
+    c = c.model_copy(update={"max_documents": 10})
+    assert corpus_size(c, None, str(tmp_path)).train_tokens == pytest.approx(28_000 * 0.9 / BYTES_PER_TOKEN)
+
+
 def test_a_prepared_corpus_counts_its_manifest_tokens(tmp_path):
     c = _text_corpus(tmp_path, 28_000)
     (tmp_path / "cache" / "abc123").mkdir(parents=True)

@@ -29,6 +29,7 @@ from orchestrator.run.driver.submit import build_job
 from orchestrator.run.worker.recorder import Recorder
 from orchestrator.run.worker.stall import BLOCK_AT_STEP_ENV, WorkerGuard, block_hook_from_env, chain_hooks, stuck_reason
 from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, WatchdogLimits
+from orchestrator.track import lease as lease_mod
 from orchestrator.track.lease import JOB_ID_ENV, STUDY_LEASE, Lease, run_lease_name
 from orchestrator.track.status import study_lease_line, study_status
 from orchestrator.track.tracking import artifact_location, create_run, ensure_experiment, sqlite_uri
@@ -244,6 +245,16 @@ def test_status_rows_name_each_runs_lease_holder_and_a_stale_one(store, tmp_path
     line = study_lease_line("wiring")
     assert line.startswith("study lease: held by pid 4242 on host elsewhere (Ray job raysubmit_x), heartbeat 30")
     assert "presumed dead" in line
+    # a killed driver on this machine: its heartbeat is fresh, its process gone (the live holder
+    # above, this process, is the control)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    now = time.time()
+    holder = {"host": "here", "pid": gone.pid, "job_id": None, "started": now, "heartbeat": now, "token": "t", "node": lease_mod._node_id()}
+    (gen / "000000000002.json").write_text(json.dumps(holder))
+    line = study_lease_line("wiring")
+    assert line.startswith(f"study lease: held by pid {gone.pid} on host here, heartbeat 0")
+    assert line.endswith("(its process on this machine is gone: dead, the next driver takes over)"), line
 
 
 def test_eval_of_a_run_without_final_weights_exits_2(store, monkeypatch):
