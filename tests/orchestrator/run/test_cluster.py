@@ -119,6 +119,7 @@ def test_submit_refuses_plain_http_to_remote_host(tmp_path):
     assert res.returncode == 2 and "refusing to submit" in res.stderr
 
 
+@pytest.mark.extended  # not in `make test`: `make test-extended` (CONTRIBUTING.md)
 def test_submit_a_plug_in_study_to_the_two_node_cluster(cluster):
     """The spec and its plug-in one folder below the uploaded working dir: neither the job's
     working dir nor the nodes' environment has the module, only the job's ``py_modules``."""

@@ -65,6 +65,7 @@ def _registered(storage: Path) -> bool:
     return False
 
 
+@pytest.mark.extended  # not in `make test`: `make test-extended` (CONTRIBUTING.md)
 def test_losing_the_worker_node_mid_run_resumes_on_a_new_node_and_the_study_completes(loopback_cluster):
     cluster = loopback_cluster(head_cpus=0)
     cluster.add_worker("nodea", cpus=2)

@@ -93,15 +93,21 @@ def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
         loose = 5.0 if name.endswith("compiled") else 1.0
         for k, v in d.items():  # a std across windows differences nearby values: 1e-3 of the weights shows as more
             assert _rel(v[:2], ref_diag[k][:2]) < loose * (1e-2 if k.endswith("/std") else 2e-3), (name, k, v, ref_diag[k])
-    # negative control: the diagnostics move with training by far more than that tolerance
+    # negative controls: the norm moves from step to step, and the diagnostics with training, by
+    # far more than their tolerances
+    assert _rel(ref_norm[1:10], ref_norm[:9]) > 1e-1
     assert abs(ref_diag["attn/entropy"][-1] / ref_diag["attn/entropy"][0] - 1) > 1e-2
     assert _rel(ref_diag["attn/entropy/std"][1:], ref_diag["attn/entropy/std"][:-1]) > 1e-1
     for name, c in curves.items():
         worst = _rel(c, ref)
         assert worst < 1e-3, (name, worst)
-        # ZeRO-0 (fp32) gets its norm from the worker, the other stages from DeepSpeed
-        worst_norm = _rel(norms[name], ref_norm)
-        assert worst_norm < 1e-2, (name, worst_norm)
+        # ZeRO-0 (fp32) gets its norm from the worker, the other stages from DeepSpeed: compared
+        # over the first 10 steps. Rounding then grows through training: on an AMD EPYC (CI,
+        # 2026-12-07) two workers under ZeRO-0 were within 1.1e-5 of one worker through step 10,
+        # 1.1e-3 at step 19 and 1.07e-2 at step 34. A norm of one worker's half batch or of
+        # unclipped or unscaled gradients is off by far more (the control below).
+        worst_norm = _rel(norms[name][:10], ref_norm[:10])
+        assert worst_norm < 1e-3, (name, worst_norm)
         # one fixed validation subset for any worker count and stage: the curves and final passes agree too
         assert [s for s, _ in vals[name]] == [s for s, _ in vals["w1z2"]] == [512 * i for i in range(10, 51, 10)]
         assert _rel([v for _, v in vals[name]], [v for _, v in vals["w1z2"]]) < 1e-3, name
@@ -189,41 +195,6 @@ def _train(f, cwd, env, **kw):
 
 
 @pytest.mark.stack
-def test_kill_and_resume_matches_uninterrupted(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    run, f = _write_run(tmp_path, "resume")
-    clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
-    clean_dir.mkdir(), killed_dir.mkdir()
-    res = _train(f, clean_dir, env)
-    assert res.returncode == 0, res.stderr[-3000:]
-    # A worker process dies hard after step 25 (after the checkpoint at step 20); Ray's
-    # FailureConfig restarts the workers, which resume from the checkpoint.
-    res = _train(f, killed_dir, {**env, "QKSTUDY_TEST_KILL_AT_STEP": "25"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    uri = lambda d: f"sqlite:///{d / 'runs/resume/mlflow.db'}"  # noqa: E731
-    clean_run, clean_val = _history(uri(clean_dir), "resume", "val/loss")
-    killed_run, killed_val = _history(uri(killed_dir), "resume", "val/loss")
-    assert killed_val[-1][0] == clean_val[-1][0] == run.tokens
-    assert math.isclose(killed_val[-1][1], clean_val[-1][1], rel_tol=1e-5)
-    _, steps = _history(uri(killed_dir), "resume", "train/loss")
-    assert [s for s, _ in steps] == [512 * i for i in range(1, 51)]  # strictly increasing, no gaps or repeats
-    _, clean_steps = _history(uri(clean_dir), "resume", "train/loss")
-    assert max(abs(a[1] - b[1]) for a, b in zip(steps, clean_steps)) < 1e-5
-    # The restart really happened, from a checkpoint before the kill (checkpoints every 10
-    # steps; Ray Train registers a reported checkpoint at its controller's next poll, so the
-    # step-20 one may not be registered yet when the worker dies at step 25).
-    assert killed_run.data.tags["qkstudy.status"] == "finished"
-    assert killed_run.data.tags["qkstudy.restarts"] == "1"
-    assert killed_run.data.tags["qkstudy.resumed_from_tokens"] in (str(10 * 512), str(20 * 512))
-    assert "qkstudy.restarts" not in clean_run.data.tags
-    # The time split counts the first attempt's steps (as of its checkpoint) too: its step
-    # seconds track time/wall_s, which the checkpoint carries the same way.
-    m = killed_run.data.metrics
-    assert m["time/step_s"] == pytest.approx(m["time/wall_s"], rel=0.05)
-    assert m["time/elapsed_s"] >= m["time/startup_s"] + m["time/step_s"] + m["time/eval_s"] + m["time/checkpoint_s"]
-
-
-@pytest.mark.stack
 def test_resubmitting_after_driver_killed_resumes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run, f = _write_run(tmp_path, "resubmit")
@@ -267,9 +238,11 @@ def _run_study_cli(f, cwd, env):
 
 @pytest.mark.stack
 def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
-    """Two runs share one worker group; a worker dies during the first. The retry skips
-    nothing it should not, resumes the first from its checkpoint, trains the second, and
-    both curves equal the same runs trained by a worker group each."""
+    """Two runs share one worker group; a worker dies hard during the first (after step 25).
+    Ray's FailureConfig restarts the workers: the retry skips nothing it should not, resumes
+    the first from its checkpoint, trains the second, and both curves equal the same runs
+    trained by a worker group each, uninterrupted. (The kill of a driver, and its resubmit,
+    is tests/orchestrator/run/test_faults.py's.)"""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     alone, packed = tmp_path / "alone", tmp_path / "packed"
     alone.mkdir(), packed.mkdir()
@@ -293,8 +266,18 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
     a, p = runs(alone), runs(packed)
     # each run records the pack it trained in: a resubmit finds its checkpoints there
     assert {r.data.tags["qkstudy.pack"] for r, _ in p.values()} == {pack_dir}
-    assert p["coupled"][0].data.tags["qkstudy.restarts"] == "1"  # first in launch order: the one killed
+    killed = p["coupled"][0]  # first in launch order: the one killed
+    assert killed.data.tags["qkstudy.restarts"] == "1"
     assert "qkstudy.restarts" not in p["standard"][0].data.tags
+    # From a checkpoint before the kill (checkpoints every 10 steps; Ray Train registers a
+    # reported checkpoint at its controller's next poll, so the step-20 one may not be registered
+    # yet when the worker dies at step 25).
+    assert killed.data.tags["qkstudy.resumed_from_tokens"] in (str(10 * 512), str(20 * 512))
+    # The time split counts the first attempt's steps (as of its checkpoint) too: its step
+    # seconds track time/wall_s, which the checkpoint carries the same way.
+    m = killed.data.metrics
+    assert m["time/step_s"] == pytest.approx(m["time/wall_s"], rel=0.05)
+    assert m["time/elapsed_s"] >= m["time/startup_s"] + m["time/step_s"] + m["time/eval_s"] + m["time/checkpoint_s"]
     for v in ("standard", "coupled"):
         assert p[v][0].data.tags["qkstudy.status"] == "finished"
         assert [s for s, _ in p[v][1]] == [512 * i for i in range(1, 51)]  # no gap, no repeat
