@@ -30,11 +30,11 @@ demo: install
 	$(BIN)/qkstudy run jobs/cpu-demo.yaml
 	$(BIN)/qkstudy report jobs/cpu-demo.yaml --out runs/cpu-demo/report
 
-# The evidence studies of RESULTS.md (about 6 hours on 2 CPU cores): trains their specs, then
+# The evidence studies of RESULTS.md (about 7 hours on 2 CPU cores): trains their specs, then
 # publishes each store (gzipped SQLite, artifact paths rewritten: orchestrator/track/publish.py)
 # and the report built from it under results/. The kernel documentation corpus is Debian's
 # linux-doc-6.1 (installed here when missing).
-EVIDENCE := cpu-evidence cpu-evidence-mqar-easy cpu-evidence-mqar-medium cpu-mqar-easy cpu-mqar-easy-lr1e-3 cpu-ladder-gated
+EVIDENCE := cpu-evidence cpu-evidence-mqar-easy cpu-evidence-mqar-medium cpu-mqar-easy cpu-mqar-easy-lr1e-3 cpu-ladder-gated cpu-controls cpu-controls-modern
 evidence: install
 	test -d /usr/share/doc/linux-doc-6.1/html/_sources || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-doc-6.1; }

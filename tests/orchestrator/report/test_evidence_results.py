@@ -1,4 +1,4 @@
-"""The evidence study (RESULTS.md, results/cpu-evidence*): each published report regenerates from
+"""The evidence studies (RESULTS.md, results/cpu-*): each published report regenerates from
 its published MLflow store (every table the published folder and the regenerated report share
 agrees), every number RESULTS.md quotes is the regenerated report's, and the study's own
 acceptance holds in the data: every arm's final perplexity is at most half its corpus's unigram
@@ -25,13 +25,17 @@ MQAR = ("cpu-evidence-mqar-easy", "cpu-evidence-mqar-medium")  # 150 steps: RESU
 CONVERGED = "cpu-mqar-easy-lr1e-3"  # MQAR trained to convergence, every arm at LR 1e-3: CONVERGED_MQAR
 TUNED = "cpu-mqar-easy"  # its attempt at tuned LRs, stopped when they did not learn: TUNED_MQAR
 LADDER = "cpu-ladder-gated"  # five rungs, LR tuned per rung, the gate on: LADDER_SECTION
+CONTROLS = "cpu-controls"  # four arms on the GPT-2 recipe, LR tuned per arm: CONTROLS_SECTION
+MODERN = "cpu-controls-modern"  # standard vs coupled on the modern recipe: CONTROLS_SECTION
 OLD_MQAR, CONVERGED_MQAR, TUNED_MQAR = "## MQAR at 150 steps", "## MQAR trained to convergence", "### At the tuned LR"
 LADDER_SECTION = "## A five-rung gated ladder"
+CONTROLS_SECTION = "## Coupling against the strongest controls"
 ANSWERS = "## The answers"  # the opening table: claim, number with its interval, verdict by the rule
-STUDIES = (MAIN, *MQAR, TUNED, CONVERGED, LADDER)
+STUDIES = (MAIN, *MQAR, TUNED, CONVERGED, LADDER, CONTROLS, MODERN)
 # Reports built with their spec: the tuned MQAR study stopped before its plan ended (the report lists
-# the runs never trained); the ladder's gate and its saving are known from the spec only.
-WITH_SPEC = {TUNED, LADDER}
+# the runs never trained); the ladder's gate and its saving, and the controls' contrasts, are known
+# from the spec only.
+WITH_SPEC = {TUNED, LADDER, CONTROLS}
 TEXT = (ROOT / "RESULTS.md").read_text() if (ROOT / "RESULTS.md").exists() else ""
 UNIGRAM_QUOTED = {"medium"}  # the MQAR presets whose unigram perplexity RESULTS.md prints
 
@@ -156,7 +160,56 @@ def quoted_numbers(root: Path) -> list[Quote]:
         + converged_quotes(root / TUNED, TUNED_MQAR)
         + converged_quotes(root / CONVERGED, CONVERGED_MQAR, answers=True)
         + ladder_quotes(root / LADDER)
+        + controls_quotes(root)
     )
+
+
+def _delta(d: float, low: float, high: float) -> str:
+    """A paired difference in nats with its interval, as RESULTS.md prints it."""
+    return f"{d:+.4f} [{low:+.4f}, {high:+.4f}]"
+
+
+def controls_quotes(root: Path) -> list[Quote]:
+    """The controls studies as RESULTS.md prints them under CONTROLS_SECTION: per recipe and arm
+    the tuning val loss at each grid point and the chosen LR (tuned on stdlib, seed 0); per
+    corpus and arm the final perplexity and the paired final-loss difference from standard at
+    equal model FLOPs with its p and verdict; the coupled-vs-control contrasts at equal FLOPs and
+    at equal tokens; in the opening table, the paper's loss and effective-rank claims per recipe
+    and corpus with their decisions."""
+    out: list[Quote] = []
+    for study, recipe in ((CONTROLS, "GPT-2"), (MODERN, "modern")):
+        tuning = pd.read_csv(root / study / "stdlib" / "tuning.csv")
+        grid = sorted((c for c in tuning.columns if c.startswith("lr ")), key=lambda c: float(c[3:]))
+        for t in tuning.to_dict("records"):
+            losses = " / ".join(f"{t[c]:.4f}" for c in grid)
+            out.append((CONTROLS_SECTION, f"| {recipe} | {t['variant']} | {losses} | {t['chosen_lr']:g} |"))
+        for folder in _folders(study, root):
+            corpus = folder.name
+            fp = pd.read_csv(folder / "final_ppl.csv").set_index("variant")
+            lr = pd.read_csv(folder / "tuning.csv").set_index("variant")["chosen_lr"]
+            contrasts = pd.read_csv(folder / "contrasts.csv")
+            eq = contrasts.query("currency == 'flops' and against == 'standard'").set_index("variant")
+            for v, r in fp.iterrows():
+                if v in eq.index:
+                    d = eq.loc[v]
+                    vs = f"{_delta(d.paired_dloss, d.paired_low, d.paired_high)} | {_p(d.p_value)} | {d.verdict}"
+                else:
+                    vs = "reference | - | -"
+                out.append((CONTROLS_SECTION, f"| {recipe} | {corpus} | {v} | {lr[v]:g} | {r.mean_ppl:.2f} ± {r['std']:.2f} | {vs} |"))
+            for c in contrasts[contrasts["against"] != "standard"].itertuples():
+                out.append(
+                    (
+                        CONTROLS_SECTION,
+                        f"| {corpus} | {c.variant} - {c.against} | {c.currency} | "
+                        f"{_delta(c.paired_dloss, c.paired_low, c.paired_high)} | {_p(c.p_value)} | {c.verdict} |",
+                    )
+                )
+            for c in pd.read_csv(folder / "claims.csv").itertuples():
+                if c.claim.startswith("coupled has lower loss"):
+                    out.append((ANSWERS, f"{recipe} {corpus} {_delta(c.estimate, c.low, c.high)} {c.decision}"))
+                elif c.claim.startswith("coupling raises"):  # effective rank, in units of rank
+                    out.append((ANSWERS, f"{recipe} {corpus} {c.estimate:+.2f} [{c.low:+.2f}, {c.high:+.2f}] {c.decision}"))
+    return out
 
 
 def ladder_quotes(folder: Path) -> list[Quote]:
@@ -288,13 +341,20 @@ def test_the_quote_check_fails_on_a_misquote(tmp_path):
     fp.to_csv(path, index=False)
     moved = missing_quotes(TEXT, tmp_path)
     assert len(moved) == 1 and moved[0][0] == LADDER_SECTION and moved[0][1].startswith("| n800k |"), moved
+    shutil.copy(RESULTS / LADDER / "final_ppl.csv", path)
+    # the controls: coupled minus nonlinear_q at equal FLOPs on code moved by 0.001 nats is reported in its row
+    path = tmp_path / CONTROLS / "stdlib" / "contrasts.csv"
+    contrasts = pd.read_csv(path)
+    contrasts.loc[(contrasts["against"] == "nonlinear_q") & (contrasts["currency"] == "flops"), "paired_dloss"] += 0.001
+    contrasts.to_csv(path, index=False)
+    moved = missing_quotes(TEXT, tmp_path)
+    row = next(s for _, s in controls_quotes(tmp_path) if s.startswith("| stdlib | coupled - nonlinear_q | flops |"))
+    assert moved == [(CONTROLS_SECTION, row)], moved
 
 
 def test_every_arm_ends_at_most_half_the_unigram_perplexity():
-    for study in (MAIN, *MQAR):
+    for study in (MAIN, CONTROLS, MODERN):  # MQAR is scored by accuracy; its filler tokens are uniform by design
         for folder in _folders(study):
-            if study in MQAR:
-                continue  # MQAR is scored by accuracy; its filler tokens are uniform by design
             uni = pd.read_csv(folder / "unigram.csv")
             assert (uni["worst_seed_over_unigram"] <= 0.5).all(), uni
 
