@@ -36,6 +36,7 @@ such as ``$(rm -rf ~).yaml`` stays one literal argument.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
@@ -66,6 +67,8 @@ ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 CLUSTER_PORTS = {"6379": "a GCS address (port 6379)", "10001": "a Ray Client address (port 10001)"}
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 STOP_WAIT_S = 60
+# seconds an interrupted log follow waits for each step of closing its stream (follow_logs)
+CLOSE_WAIT_S = 5
 
 
 class AddressError(ValueError):
@@ -434,12 +437,14 @@ def follow_logs(address: str, job_id: str, *, follow: bool = True, allow_insecur
                 yield loop.run_until_complete(agen.__anext__())
             except StopAsyncIteration:
                 return
-    finally:  # interrupted mid-read: end the read, then the stream, before the loop
+    finally:  # interrupted mid-read: end the read, then the stream, before the loop. Each step is
+        # bounded: a dashboard slow to answer the websocket's close must not hold Ctrl-C up.
         if pending := asyncio.all_tasks(loop):
             for task in pending:
                 task.cancel()
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(asyncio.wait(pending, timeout=CLOSE_WAIT_S))
+        with contextlib.suppress(TimeoutError):
+            loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), CLOSE_WAIT_S))
         loop.close()
 
 
