@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
+from model.contract import ScoringStage
 from model.layers import RMS_EPS, Rotary
 from model.query import IdentityQuery
-from model.registry import ScoringStage, get_variant, stage_flops
+from model.registry import get_variant, stage_flops
 
 
 class QKVProjection(nn.Linear):

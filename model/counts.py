@@ -2,7 +2,7 @@
 
 `count_model` counts by arithmetic without building the model, torch-free (the planner,
 `qkstudy validate` / `plan`, the ladder generator): the backbone's formula below plus what
-the variant's stages add (`model.stage_counts.Contributions`): its registry entry's
+the variant's stages add (`model.contract.Contributions`): its registry entry's
 ``counts``, or, for a variant registered without them, its own stages built on the meta
 device (`Variant.contributions`, torch), never a second count of the whole model.
 `count_instantiated` reads the same numbers off the whole model built on the meta device: the

@@ -43,18 +43,15 @@ are what `model.registry` names for the variants built from these transforms.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.contract import StageConfig
 from model.fused_qk import Weights, compiled, fused_coupled, fused_uncoupled, resolve_impl
 from model.init import uniform_
 from model.options import CoupledOptions, DynamicsOptions
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
 
 
 class CouplingMLP(nn.Module):
@@ -234,7 +231,7 @@ class UncoupledQK(DynamicsQK):
         return fn(q, self.dt, self.f.weights(), self.n_steps), k
 
 
-def _dynamics_args(cfg: ModelConfig, o: DynamicsOptions) -> dict:
+def _dynamics_args(cfg: StageConfig, o: DynamicsOptions) -> dict:
     return dict(
         n_head=cfg.n_head,
         head_dim=cfg.head_dim,
@@ -245,12 +242,12 @@ def _dynamics_args(cfg: ModelConfig, o: DynamicsOptions) -> dict:
     )
 
 
-def coupled_qk(cfg: ModelConfig) -> CoupledQK:
+def coupled_qk(cfg: StageConfig) -> CoupledQK:
     """The `CoupledQK` of a config whose options are `CoupledOptions`."""
     o = CoupledOptions(**cfg.options)
     return CoupledQK(**_dynamics_args(cfg, o), integrator=o.integrator)
 
 
-def uncoupled_qk(cfg: ModelConfig) -> UncoupledQK:
+def uncoupled_qk(cfg: StageConfig) -> UncoupledQK:
     """The `UncoupledQK` of a config whose options are `DynamicsOptions`."""
     return UncoupledQK(**_dynamics_args(cfg, DynamicsOptions(**cfg.options)))

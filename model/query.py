@@ -22,18 +22,15 @@ convention). Parameters: 2 d_model r + r + d_model (`model.stage_counts.nonlinea
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.contract import StageConfig
 from model.init import uniform_
 from model.options import NonlinearQOptions
 from model.stage_counts import matched_bottleneck
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
 
 
 class IdentityQuery(nn.Module):
@@ -75,7 +72,7 @@ class ResidualQueryMLP(nn.Module):
         return 2 * 2 * self.d_model * self.bottleneck
 
 
-def nonlinear_query(cfg: ModelConfig) -> ResidualQueryMLP:
+def nonlinear_query(cfg: StageConfig) -> ResidualQueryMLP:
     """`nonlinear_q`'s query-input stage for cfg (`model.registry`); bottleneck None is
     `model.stage_counts.matched_bottleneck`."""
     o = NonlinearQOptions(**cfg.options)

@@ -8,21 +8,13 @@ pydantic model), and whether it pairs heads. Adding a variant is one module hold
 stages plus one `register(Variant(...))` (built-ins: the calls at the end of this file);
 config validation, `build_config`, the attention layer and the counts all read this table.
 
-The stage contract the rest of `model/` relies on:
-* query input: forward(x) -> x_q, both [B, T, d_model]: what W_Q reads (W_K, W_V read x).
-* QK transform: forward(q, k) -> (q', k'), all [B, T, n_head, head_dim].
-* scoring: forward(q, k, v) -> [B, T, d_model], with q, k [B, T, n_head, head_dim] and
-  v [B, T, d_model]; attention_map(q, k, lam=None) -> maps [B, heads, T, T] (diagnostics).
-* all: num_flops_per_token(seq_len) -> forward model FLOPs per token (matmuls only, the
-  definition's, DESIGN.md); optionally executed_flops_per_token(seq_len) where a kernel runs
-  more than the definition (a separate number, never in budgets); reset_parameters(generator)
-  if the stage has parameters (`GPT` calls it with the stage's own generator, `model.init`).
-  The stage's parameters are its parameter contribution (counted from the module).
-* the entry: `counts(cfg)`, the same contributions by arithmetic (`model.stage_counts`,
-  torch-free: what the planner uses; tests/model/test_registry.py checks them against the
-  built stages). Whole-model counts (`model.counts`) sit above this table: they add the
-  entry's counts, or `Variant.contributions` where it gives none, to the backbone's.
-  Stage factories are named lazily (`lazy("module:function")`), so this table imports no torch.
+The stage contract (shapes, what a factory reads, what a stage reports) is `model.contract`:
+factories and counts take its `StageConfig`, which `model.config.ModelConfig` satisfies. An
+entry's `counts(cfg)` gives the stages' contributions by arithmetic (`model.stage_counts`,
+torch-free: what the planner uses; tests/model/test_registry.py checks them against the
+built stages). Whole-model counts (`model.counts`) sit above this table: they add the
+entry's counts, or `Variant.contributions` where it gives none, to the backbone's.
+Stage factories are named lazily (`lazy("module:function")`), so this table imports no torch.
 """
 
 from __future__ import annotations
@@ -30,25 +22,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from model.contract import Contributions, Stage, StageConfig
 from model.options import CoupledOptions, DynamicsOptions, NonlinearQOptions
-from model.stage_counts import (
-    Contributions,
-    coupled_counts,
-    coupled_differential_counts,
-    differential_counts,
-    nonlinear_q_counts,
-    uncoupled_counts,
-)
+from model.stage_counts import coupled_counts, coupled_differential_counts, differential_counts, nonlinear_q_counts, uncoupled_counts
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
-
-    from model.config import ModelConfig
 
 __all__ = [
     "ARCHITECTURE_FIELDS",
@@ -66,18 +49,6 @@ __all__ = [
 ARCHITECTURE_FIELDS = ("positions", "rope_base", "rope_at", "norm", "mlp", "qk_norm", "tied_head")
 # ModelConfig's own fields: options may not reuse these names (they travel flat beside them).
 CONFIG_FIELDS = frozenset({"vocab_size", "seq_len", "n_layer", "d_model", "n_head", "variant", "options", *ARCHITECTURE_FIELDS})
-
-
-class Stage(Protocol):
-    """What every stage reports (module docstring)."""
-
-    def num_flops_per_token(self, seq_len: int) -> int: ...
-
-
-class ScoringStage(Stage, Protocol):
-    """A scoring kernel's diagnostics entry point (module docstring)."""
-
-    def attention_map(self, q: torch.Tensor, k: torch.Tensor, lam: float | None = None) -> torch.Tensor: ...
 
 
 class NoOptions(BaseModel):
@@ -100,31 +71,31 @@ class Variant:
     name: str
     summary: str
     options: type[BaseModel] = NoOptions
-    qk_transform: Callable[[ModelConfig], nn.Module] | None = None
-    scoring: Callable[[ModelConfig, int], nn.Module] | None = None
+    qk_transform: Callable[[StageConfig], nn.Module] | None = None
+    scoring: Callable[[StageConfig, int], nn.Module] | None = None
     paired_heads: bool = False
-    counts: Callable[[ModelConfig], Contributions] | None = None
-    query_input: Callable[[ModelConfig], nn.Module] | None = None
+    counts: Callable[[StageConfig], Contributions] | None = None
+    query_input: Callable[[StageConfig], nn.Module] | None = None
 
-    def make_query_input(self, cfg: ModelConfig) -> nn.Module:
+    def make_query_input(self, cfg: StageConfig) -> nn.Module:
         """The variant's query-input stage for cfg (`IdentityQuery` if it keeps standard's)."""
         from model.query import IdentityQuery
 
         return IdentityQuery() if self.query_input is None else self.query_input(cfg)
 
-    def make_qk_transform(self, cfg: ModelConfig) -> nn.Module:
+    def make_qk_transform(self, cfg: StageConfig) -> nn.Module:
         """The variant's QK transform for cfg (`IdentityQK` if it keeps standard's)."""
         from model.coupled import IdentityQK
 
         return IdentityQK() if self.qk_transform is None else self.qk_transform(cfg)
 
-    def make_scoring(self, cfg: ModelConfig, depth: int) -> nn.Module:
+    def make_scoring(self, cfg: StageConfig, depth: int) -> nn.Module:
         """The variant's scoring kernel for layer depth (`SDPAScoring` if it keeps standard's)."""
         from model.scoring import SDPAScoring
 
         return SDPAScoring(cfg.d_model, cfg.n_head) if self.scoring is None else self.scoring(cfg, depth)
 
-    def analytic_contributions(self, cfg: ModelConfig) -> Contributions | None:
+    def analytic_contributions(self, cfg: StageConfig) -> Contributions | None:
         """`counts(cfg)` (zero for a variant that swaps no stage), or None when the variant
         swaps a stage and gives no counts (then only `contributions` can tell)."""
         if self.query_input is None and self.qk_transform is None and self.scoring is None:
@@ -136,7 +107,7 @@ class Variant:
         fields = self.options.model_fields
         return ", ".join(f"{k}={f.default!r}" for k, f in fields.items()) or "none"
 
-    def contributions(self, cfg: ModelConfig) -> Contributions:
+    def contributions(self, cfg: StageConfig) -> Contributions:
         """Parameters and forward FLOPs per token (at cfg.seq_len) that this variant's stages
         add to standard attention, summed over cfg.n_layer layers (stages built on meta: torch)."""
         import torch

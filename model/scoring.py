@@ -35,16 +35,13 @@ the CPU flash path's zero padding of q, k (another 2*T*d_model of scores) is in 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.contract import StageConfig
 from model.init import normal_
-
-if TYPE_CHECKING:
-    from model.config import ModelConfig
 
 
 def lambda_init_fn(depth: int) -> float:
@@ -160,6 +157,6 @@ class DifferentialScoring(nn.Module):
         return 2 * seq_len * self.d_model + 4 * seq_len * self.d_model
 
 
-def differential_scoring(cfg: ModelConfig, depth: int) -> DifferentialScoring:
+def differential_scoring(cfg: StageConfig, depth: int) -> DifferentialScoring:
     """The `DifferentialScoring` of layer `depth` (0-based) of a config."""
     return DifferentialScoring(cfg.d_model, cfg.n_head, depth)

@@ -5,10 +5,12 @@ MLflow), ``orchestrator.plan`` (pure: spec -> runs), ``orchestrator.track`` (MLf
 conventions), then ``orchestrator.run`` and ``orchestrator.report`` (neither imports the other),
 and the front doors (``cli*.py``) on top; no product module imports ``benchmarks`` or
 ``tests`` (which import the product, never the other way round). Lazy imports inside functions count:
-they are imports all the same, for the stages and for circles (two modules that import each
-other, one of them lazily, are still one concept split in two). Imports under
-``if TYPE_CHECKING:`` never run: they close no circle, and the one type-only two-way pair the
-product keeps is named in ``TYPE_ONLY_PAIRS``. Sizes: one concept per module, so a module
+they are imports all the same, for the stages and for circles (modules that import each other
+round a circle of any length, one of them lazily, are still one concept split in several).
+Imports under ``if TYPE_CHECKING:`` never run, so the stage rule leaves them out, but they
+close circles all the same: a module that names another's types only for the checker still
+cannot be read, or moved, without it (so a contract that modules annotate against is a leaf,
+``model.contract``, ``orchestrator.plan.contract``). Sizes: one concept per module, so a module
 past ``MAX_FILE_LINES`` says why; no function body over ``MAX_FUNCTION_LINES`` (the signature,
 which the formatter wraps one parameter a line, is not counted). Each check has a
 negative control on a synthetic module.
@@ -172,33 +174,13 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def module_graph(mods: dict[str, tuple[str, bool]], type_checking: bool = False) -> dict[str, set[str]]:
-    """Every import between product modules (``imported_modules``): at import time or inside a
-    function; those under ``if TYPE_CHECKING:`` only with ``type_checking``."""
+def module_graph(mods: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """Every import between product modules (``imported_modules``): at import time, inside a
+    function or under ``if TYPE_CHECKING:``."""
     return {
-        name: {m for m, _ in imported_modules(src, name, is_package, mods, type_checking) if m in mods and m != name}
+        name: {m for m, _ in imported_modules(src, name, is_package, mods, type_checking=True) if m in mods and m != name}
         for name, (src, is_package) in mods.items()
     }
-
-
-# The one pair of modules that import each other the product keeps, and why; the pair closes
-# only through an import for the type checker. (Longer type-only loops, e.g. a stage module
-# naming ModelConfig in an annotation, are no pair: they split no concept in two.)
-TYPE_ONLY_PAIRS = {
-    frozenset({"model.config", "model.registry"}): "ModelConfig validates its variant and options through the registry; the registry's "
-    "Variant names ModelConfig in its factories' signatures only"
-}
-
-
-def two_way_pairs(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every pair of modules of ``graph`` that import each other, sorted."""
-    return sorted(sorted((a, b)) for a in graph for b in graph[a] if a < b and a in graph.get(b, ()))
-
-
-def unallowed_pairs(mods: dict[str, tuple[str, bool]]) -> list[list[str]]:
-    """The two-way pairs of ``mods`` counting the imports under ``if TYPE_CHECKING:`` too, less
-    the ones ``TYPE_ONLY_PAIRS`` names."""
-    return [p for p in two_way_pairs(module_graph(mods, type_checking=True)) if frozenset(p) not in TYPE_ONLY_PAIRS]
 
 
 def test_no_stage_imports_a_later_one():
@@ -259,16 +241,15 @@ def test_the_benchmarks_importing_the_product_pass():
 
 def test_no_import_circle():
     """No two product modules import each other, directly or round a longer circle, at import
-    time or inside a function."""
+    time, inside a function or for the type checker only."""
     assert import_cycles(module_graph(product_modules())) == []
 
 
-def test_the_only_type_only_pair_is_the_named_one():
-    """Counting ``if TYPE_CHECKING:`` imports too, the one two-way pair is ``TYPE_ONLY_PAIRS``'s
-    (at most: a named pair that the code no longer closes is no failure)."""
-    mods = product_modules()
-    assert unallowed_pairs(mods) == []
-    assert all(set(p) <= set(mods) for p in TYPE_ONLY_PAIRS)
+@pytest.mark.parametrize("contract", ["model.contract", "orchestrator.plan.contract"])
+def test_the_contracts_are_leaves(contract):
+    """What the stages and the plan modules annotate against imports no product module, not
+    even for the type checker, so it reads (and loads) alone."""
+    assert module_graph(product_modules())[contract] == set()
 
 
 @pytest.mark.parametrize(
@@ -317,17 +298,17 @@ def test_relative_imports_are_in_the_graph():
 TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from model.{} import A\n"
 
 
-def test_type_checking_imports_are_no_circle():
-    mods = {"model.a": ("from model.b import f\n", False), "model.b": (TYPE_ONLY.format("a"), False)}
-    assert import_cycles(module_graph(mods)) == []
-
-
-def test_an_unnamed_type_only_pair_is_caught():
-    """Negative control: a type-only pair is allowed only by name; the named pair passes."""
-    mods = {"model.a": ("from model.b import f\n", False), "model.b": (TYPE_ONLY.format("a"), False)}
-    assert unallowed_pairs(mods) == [["model.a", "model.b"]]
-    named = {"model.config": ("from model.registry import f\n", False), "model.registry": (TYPE_ONLY.format("config"), False)}
-    assert unallowed_pairs(named) == []
+def test_a_loop_closed_by_a_type_only_import_is_found():
+    """Negative control: three modules round a loop (a -> b -> c -> a), the last edge under
+    ``if TYPE_CHECKING:`` and one inside a function; and a pair closed by a type-only import."""
+    loop = {
+        "model.a": ("from model.b import f\n", False),
+        "model.b": ("def g():\n    from model.c import h\n", False),
+        "model.c": (TYPE_ONLY.format("a"), False),
+    }
+    assert import_cycles(module_graph(loop)) == [["model.a", "model.b", "model.c"]]
+    pair = {"model.a": ("from model.b import f\n", False), "model.b": (TYPE_ONLY.format("a"), False)}
+    assert import_cycles(module_graph(pair)) == [["model.a", "model.b"]]
 
 
 MAX_FILE_LINES = 600

@@ -1,24 +1,24 @@
 """The plan's contract: what a plan is made of and how a run is named, for the planner and
 every module that reads or makes runs (the ladder, branches, tuning, the runner, the report).
 
-``RunSpec`` (one planned run, JSON round-trippable) with its ``TrainRecipe``, ``PlanError``
-(a study that validates but cannot be planned), and the identity: ``run_identity`` (the hash
-of a run's identity payload) and ``IDENTITY_VERSION`` (in every payload). What the payload
-holds is the planner's (``orchestrator.plan.planner``, "Run identity"); changing a default
-here or moving code never changes an id. Pure: pydantic and the spec only.
+``RunSpec`` (one planned run, JSON round-trippable) with its ``TrainRecipe`` and
+``ResourcesSpec`` (also the spec's ``resources:`` section), ``PlanError`` (a study that
+validates but cannot be planned), and the identity: ``run_identity`` (the hash of a run's
+identity payload) and ``IDENTITY_VERSION`` (in every payload). What the payload holds is the
+planner's (``orchestrator.plan.planner``, "Run identity"); changing a default here or moving
+code never changes an id. Pure: pydantic only, no other module of the package, so the spec
+and every plan module can import it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from orchestrator.plan.spec import ResourcesSpec
-
-__all__ = ["IDENTITY_VERSION", "PlanError", "RunSpec", "TrainRecipe", "run_identity"]
+__all__ = ["IDENTITY_VERSION", "PlanError", "ResourcesSpec", "RunSpec", "TrainRecipe", "run_identity"]
 
 # Bump when a code change alters what an unchanged config computes, so old runs re-train.
 # 2: the corpus's content hash joined the identity; one eval subset per run (curve and final).
@@ -51,6 +51,41 @@ class TrainRecipe(BaseModel):
     def tokens_per_step(self) -> int:
         """Tokens per optimizer step: global_batch sequences x seq_len tokens."""
         return self.global_batch * self.seq_len
+
+
+class ResourcesSpec(BaseModel):
+    """Per-run resources: Ray Train workers and what each takes; DeepSpeed ZeRO stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: int = Field(default=1, gt=0)
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    gpus_per_worker: float = Field(default=0.0, ge=0)
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    max_retries: int = Field(default=1, ge=0)
+    # Runs trained back to back by one Ray Train worker group. Starting a group (controller,
+    # worker processes, process group, imports, DeepSpeed engine) costs 10-25 s on 2 CPUs, each
+    # further run of a group 0.5-0.7 s (BENCHMARKS.md), which dominates runs of a minute or two.
+    # auto: one group per slot the cluster has at the start (run.driver.packing); a number:
+    # fixed groups of that many consecutive runs. Either way a run keeps the group it was first
+    # launched in, so a resubmit finds its checkpoints.
+    runs_per_trainer: int | Literal["auto"] = "auto"
+    # torch.compile the model in each worker (nn.Module.compile: in place, same state-dict
+    # keys, so checkpoints are unchanged). Off by default: on 2 CPU cores it made cpu-xs and
+    # cpu-s steps 2-6% slower and cost 16-22 s before the first step (BENCHMARKS.md). Not in
+    # the run id: the same run, computed another way.
+    compile: bool = False
+    # Memory of one device (GiB); `validate`/`run` refuse a run whose estimate
+    # (orchestrator.plan.memory) exceeds it. None: not checked.
+    device_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @field_validator("runs_per_trainer", mode="before")
+    @classmethod
+    def _runs_per_trainer_ok(cls, v: Any) -> Any:
+        # one message for both forms; no coercion (true, "2" and 2.0 are typos, not counts)
+        if v == "auto" and isinstance(v, str) or isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+        raise ValueError(f"must be an integer >= 1 or 'auto' (got {v!r})")
 
 
 class RunSpec(BaseModel):

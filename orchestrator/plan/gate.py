@@ -29,12 +29,11 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:  # the spec holds a GateSpec, and the contract's RunSpec holds the spec's ResourcesSpec
-    from orchestrator.plan.contract import RunSpec
+from orchestrator.plan.contract import RunSpec
 
 CURRENCY_WORDS = {"tokens": "equal tokens", "flops": "equal model FLOPs"}
 

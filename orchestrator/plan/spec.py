@@ -23,6 +23,7 @@ from model.config import Architecture
 from model.plugins import PluginError, load_entry_points, load_plugin
 from orchestrator.plan import recipe
 from orchestrator.plan.branches import Protocol, protocol_problems
+from orchestrator.plan.contract import ResourcesSpec
 from orchestrator.plan.devices import PEAK_FLOPS, peak_flops_of
 from orchestrator.plan.gate import GateSpec
 from orchestrator.plan.ladder import LadderRung, ScaleShape
@@ -51,7 +52,6 @@ __all__ = [
     "DeclaredMFU",
     "TrainSpec",
     "EvalSpec",
-    "ResourcesSpec",
     "ScaleShape",
     "LadderScale",
     "TuneSpec",
@@ -232,39 +232,6 @@ class EvalSpec(_Strict):
     final_max_windows: int | None = Field(default=None, gt=0)
     diagnostics: bool = True
     checkpoint_every_evals: int = Field(default=1, gt=0)
-
-
-class ResourcesSpec(_Strict):
-    """Per-run resources: Ray Train workers and what each takes; DeepSpeed ZeRO stage."""
-
-    workers: int = Field(default=1, gt=0)
-    cpus_per_worker: float = Field(default=1.0, gt=0)
-    gpus_per_worker: float = Field(default=0.0, ge=0)
-    zero_stage: Literal[0, 1, 2, 3] = 2
-    max_retries: int = Field(default=1, ge=0)
-    # Runs trained back to back by one Ray Train worker group. Starting a group (controller,
-    # worker processes, process group, imports, DeepSpeed engine) costs 10-25 s on 2 CPUs, each
-    # further run of a group 0.5-0.7 s (BENCHMARKS.md), which dominates runs of a minute or two.
-    # auto: one group per slot the cluster has at the start (run.driver.packing); a number:
-    # fixed groups of that many consecutive runs. Either way a run keeps the group it was first
-    # launched in, so a resubmit finds its checkpoints.
-    runs_per_trainer: int | Literal["auto"] = "auto"
-    # torch.compile the model in each worker (nn.Module.compile: in place, same state-dict
-    # keys, so checkpoints are unchanged). Off by default: on 2 CPU cores it made cpu-xs and
-    # cpu-s steps 2-6% slower and cost 16-22 s before the first step (BENCHMARKS.md). Not in
-    # the run id: the same run, computed another way.
-    compile: bool = False
-    # Memory of one device (GiB); `validate`/`run` refuse a run whose estimate
-    # (orchestrator.plan.memory) exceeds it. None: not checked.
-    device_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-
-    @field_validator("runs_per_trainer", mode="before")
-    @classmethod
-    def _runs_per_trainer_ok(cls, v: Any) -> Any:
-        # one message for both forms; no coercion (true, "2" and 2.0 are typos, not counts)
-        if v == "auto" and isinstance(v, str) or isinstance(v, int) and not isinstance(v, bool) and v >= 1:
-            return v
-        raise ValueError(f"must be an integer >= 1 or 'auto' (got {v!r})")
 
 
 class Study(_Strict):

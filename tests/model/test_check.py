@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from model import GPT, REGISTRY, ModelConfig, Variant, build_config, count_model, register
 from model.check import CHECK_VOCAB, check_config, check_variant, contract_problems
+from model.contract import Contributions
 from model.init import normal_
-from model.stage_counts import Contributions
 from orchestrator.cli import app
 from orchestrator.cli_errors import EXIT_FAILED, EXIT_INPUT
 

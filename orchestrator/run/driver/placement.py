@@ -27,8 +27,7 @@ import yaml
 from ray._private.state import state  # the GCS's cluster config: Ray Train's own source for the cluster's maximum
 from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
 
-from orchestrator.plan.contract import RunSpec
-from orchestrator.plan.spec import ResourcesSpec
+from orchestrator.plan.contract import ResourcesSpec, RunSpec
 
 
 def worker_resources(res: ResourcesSpec) -> dict[str, float]:
