@@ -9,6 +9,7 @@ import os
 import pytest
 
 from orchestrator.run.ext_lock import pin_ninja
+from orchestrator.track.store_template import TEMPLATE_DIR_ENV
 
 pytest_plugins = [
     "tests.fixtures.tiers",
@@ -35,4 +36,7 @@ pin_ninja()
 def _session_data_cache(tmp_path_factory):
     if "QKSTUDY_CACHE" not in os.environ:
         os.environ["QKSTUDY_CACHE"] = str(tmp_path_factory.mktemp("qkstudy-cache"))
+    # One migrated MLflow store template for the session's every store (orchestrator/track/store_template.py),
+    # in the folder every pytest-xdist worker's temp folder sits in: built once, copied by each.
+    os.environ.setdefault(TEMPLATE_DIR_ENV, str(tmp_path_factory.getbasetemp().parent / "mlflow-store"))
     yield

@@ -34,6 +34,7 @@ from orchestrator.plan.spec import default_workdir
 # Re-exported: printing a URI is one of this module's conventions (its doc).
 from orchestrator.plan.uri_secrets import REDACTED as REDACTED
 from orchestrator.plan.uri_secrets import redact_uri as redact_uri
+from orchestrator.track.store_template import seed_store
 
 if TYPE_CHECKING:  # MLflow takes seconds to import: the functions that talk to a store import it
     from mlflow.entities import Metric
@@ -153,9 +154,13 @@ def run_tags(tags: Mapping[str, str]) -> dict[str, str]:
 
 
 def client_for(uri: str) -> MlflowClient:
-    """An MlflowClient on ``uri`` (SQLite file, http(s) server, or a file store)."""
+    """An MlflowClient on ``uri`` (SQLite file, http(s) server, or a file store). A SQLite
+    store that does not exist yet is created as a copy of a migrated template
+    (``track.store_template``: seconds less than MLflow's migrations)."""
     from mlflow.tracking import MlflowClient
 
+    if (db := sqlite_path(uri)) is not None and db != Path("."):
+        seed_store(db)
     return MlflowClient(tracking_uri=uri)
 
 
