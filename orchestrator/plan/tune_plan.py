@@ -12,10 +12,11 @@ grid point an edge extension added is a tuning run like any other (its LR is in 
 how it got there). The main runs are then planned with ``plan_tuned`` so the chosen LR enters
 their identity through ``train.lr``.
 
-Order of a tuned study (``orchestrator.run.driver.study``): plan untuned -> `plan_tuning` ->
-train those -> `choose` on their final val losses and the corpora's unigram perplexities ->
-while `extensions` names new grid points: `plan_tuning` with them, train the new runs,
-`choose` again -> `tuned_lrs` -> `plan_tuned` -> train those. Pure: no Ray, no MLflow.
+Order of a tuned study (``orchestrator.plan.protocol.tuned``, which the driver runs): plan
+untuned -> `plan_tuning` -> train those -> `choose` on their final val losses and the corpora's
+unigram perplexities -> while `extensions` names new grid points: `plan_tuning` with them,
+train the new runs, `choose` again -> `tuned_lrs` -> `plan_tuned` -> train those. Pure: no
+Ray, no MLflow.
 """
 
 from __future__ import annotations
