@@ -1,5 +1,6 @@
-"""Helpers the test files share: the CLI as a user runs it, a driver's environment, the tiny
-spec every training test starts from, and MLflow reads ("every step once, none lost").
+"""Helpers the test files share: the repository's root, a free loopback port, the CLI as a user
+runs it, a driver's environment, the tiny spec every training test starts from, a fresh MLflow
+store, and MLflow reads ("every step once, none lost").
 
 Fixtures live in ``tests/fixtures/``; this module holds plain functions and constants only.
 """
@@ -10,6 +11,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +22,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from orchestrator.run.ext_lock import extension_roots
+from orchestrator.track.tracking import sqlite_uri
+from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,14 +49,22 @@ def tiny_spec(name: str, **over) -> dict:
     return {**TINY_SPEC, "name": name, **over}
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def driver_env(**extra: str) -> dict[str, str]:
     """This environment for a `qkstudy` child that starts its own local Ray (no RAY_ADDRESS)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return {**env, **extra}
 
 
-def qk(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run ``qkstudy ARGS`` in ``cwd`` as a user would (a child process); output captured as text."""
+def qk(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run ``qkstudy ARGS`` in ``cwd`` (None: this process's) as a user would: a child process in
+    ``env`` (None: ``driver_env()``), output captured as text, killed past ``timeout`` s."""
     return subprocess.run(
         [str(QKSTUDY), *args], cwd=cwd, env=driver_env() if env is None else env, capture_output=True, text=True, timeout=timeout
     )
@@ -107,6 +119,15 @@ def reap_driver(p: subprocess.Popen) -> None:
         pass
 
 
+def mlflow_store(folder: Path, *synthetic: SyntheticStudy) -> str:
+    """The URI of a fresh SQLite MLflow store, ``folder/mlflow.db``, holding the ``synthetic``
+    studies (``tests/synthetic_study.py``) written to it in order."""
+    uri = sqlite_uri(folder / "mlflow.db")
+    for study in synthetic:
+        write_synthetic_study(study, uri)
+    return uri
+
+
 def sqlite_client(d: Path, study: str) -> MlflowClient:
     """The client of the embedded store of ``study`` run from folder ``d`` (runs/STUDY/mlflow.db)."""
     return MlflowClient(f"sqlite:///{d / 'runs' / study / 'mlflow.db'}")
@@ -121,6 +142,7 @@ def study_runs(d: Path, study: str) -> tuple[MlflowClient, dict[str, object]]:
 def train_runs(client: MlflowClient, study: str, kind: str = "train") -> dict[str, object]:
     """run_id tag -> MLflow run of ``study``'s runs of ``kind`` (train, tune, report, superseded)."""
     exp = client.get_experiment_by_name(study)
+    assert exp is not None, f"no experiment {study!r} in {client.tracking_uri}"
     return {r.data.tags["qkstudy.run_id"]: r for r in client.search_runs([exp.experiment_id], f"tags.`qkstudy.kind` = '{kind}'")}
 
 

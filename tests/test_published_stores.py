@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.track.publish import PUBLISHED_SCHEME, publish_store
+from tests.helpers import REPO
 from tests.published import unzip_store
 
-STORES = sorted((Path(__file__).resolve().parents[1] / "results").glob("*-mlflow.db.gz"))
+STORES = sorted((REPO / "results").glob("*-mlflow.db.gz"))
 
 
 def deleted_records(db: Path) -> dict[str, int]:

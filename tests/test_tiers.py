@@ -11,8 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from tests.fixtures.tiers import forbidden_command
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 GUARDED = """
 import os, subprocess, sys

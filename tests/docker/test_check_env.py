@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 CHECK = REPO / "docker" / "check_env.py"
 EXAMPLE = REPO / "docker" / ".env.example"
 SECRETS = (

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 GPU = DOCKER / "compose.gpu.yaml"

@@ -25,7 +25,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 DOCKER = REPO / "docker"
 TRAINING = DOCKER / "Dockerfile"
 DOCKERFILES = [TRAINING, DOCKER / "mlflow.Dockerfile", DOCKER / "postgres.Dockerfile"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -21,9 +20,8 @@ from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.run.driver.placement import ClusterConfigError, growth_from_file, unschedulable_reason
 from tests.docker.kuberay_schema import RAY_CLUSTER, RAY_JOB
-from tests.helpers import tiny_spec
+from tests.helpers import REPO, tiny_spec
 
-REPO = Path(__file__).resolve().parents[2]
 KUBE = REPO / "docker" / "kuberay"
 K8S_VERSION = kubernetes_validate.utils.latest_version()
 NODE_ENV_KEYS = {"MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "RAY_AUTH_TOKEN"}

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.helpers import REPO, qk
+
 # A real `mlflow server` on a real PostgreSQL: integration, the slow tier.
 pytestmark = pytest.mark.slow
 
@@ -147,8 +149,7 @@ def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tm
         "MLFLOW_TRACKING_PASSWORD": password,
     }
     env.pop("RAY_ADDRESS", None)
-    qkstudy = Path(sys.executable).with_name("qkstudy")
-    result = subprocess.run([str(qkstudy), "run", "study.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    result = qk("run", "study.yaml", cwd=tmp_path, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for secret in mlflow_pg_server.secrets_in_env:
         assert secret not in result.stdout + result.stderr
@@ -174,22 +175,15 @@ def test_tiny_study_tracks_into_the_server(mlflow_pg_server, postgres_server, tm
 
     reader, reader_password = f"read-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     AuthServiceClient(uri).create_user(reader, reader_password)
-    granted = subprocess.run(
-        [str(qkstudy), "grant", name, reader, "--tracking-uri", uri], env=env, capture_output=True, text=True, timeout=120
-    )
+    granted = qk("grant", name, reader, "--tracking-uri", uri, env=env, timeout=120)
     assert granted.returncode == 0, granted.stderr
     # the reader before any report run exists, the admin (creates it), the reader again (finds it)
     for i, (user, pw_, logged) in enumerate(
         ((reader, reader_password, False), (username, password, True), (reader, reader_password, False))
     ):
         out = tmp_path / f"report-{i}"
-        rep = subprocess.run(
-            [str(qkstudy), "report", name, "--tracking-uri", uri, "--out", str(out)],
-            env={**env, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": pw_},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        user_env = {**env, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": pw_}
+        rep = qk("report", name, "--tracking-uri", uri, "--out", str(out), env=user_env, timeout=300)
         assert rep.returncode == 0 and (out / "report.md").is_file(), rep.stderr[-3000:]
         assert ("not logged to MLflow" in rep.stderr) is not logged, rep.stderr[-3000:]
         report_runs = client.search_runs([experiment.experiment_id], "tags.`qkstudy.kind` = 'report'")
@@ -205,7 +199,7 @@ def test_training_account_is_not_an_admin(mlflow_pg_server, monkeypatch) -> None
 
     uri, admin, admin_password = mlflow_pg_server
     trainer, trainer_password = f"train-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    script = Path(__file__).resolve().parents[2] / "docker" / "mlflow" / "create_user.py"
+    script = REPO / "docker" / "mlflow" / "create_user.py"
     env = {
         "PATH": os.environ["PATH"],
         "MLFLOW_TRACKING_URI": uri,
@@ -247,7 +241,7 @@ def test_training_account_is_not_an_admin(mlflow_pg_server, monkeypatch) -> None
         auth.update_user_admin(trainer, True)
 
 
-SCRIPT = Path(__file__).resolve().parents[2] / "docker" / "mlflow" / "create_user.py"
+SCRIPT = REPO / "docker" / "mlflow" / "create_user.py"
 
 
 def _accounts(env: dict[str, str]) -> subprocess.CompletedProcess:

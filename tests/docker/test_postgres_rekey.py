@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.services import _as_pg_owner, find_pg_bindir, free_port
+from tests.fixtures.services import _as_pg_owner, find_pg_bindir
+from tests.helpers import REPO, free_port
 
 pytestmark = pytest.mark.slow  # a real PostgreSQL server, twice
 
-ENTRYPOINT = Path(__file__).resolve().parents[2] / "docker" / "postgres" / "entrypoint.sh"
+ENTRYPOINT = REPO / "docker" / "postgres" / "entrypoint.sh"
 
 
 def _start(data: Path, port: int, password: str, bindir: Path, log: Path) -> subprocess.Popen:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 CLUSTER = REPO / "docker" / "ray-cluster.yaml"
 
 

@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.track.tracking import run_tags
+from tests import helpers
+from tests.helpers import REPO, free_port
 
 # The module fixture builds the images when .ci/run's background build has not (cold: minutes)
 # and runs the study: more than `make test`'s per-test --timeout=1200. Marked `stack`: pytest
@@ -37,8 +38,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.stack, pytest.mark.timeout(3600)]
 if os.environ.get("QKSTUDY_STACK_TEST") == "0":
     pytest.skip("QKSTUDY_STACK_TEST=0: the compose-stack flow is switched off", allow_module_level=True)
 
-REPO = Path(__file__).resolve().parents[2]
-QKSTUDY = Path(sys.executable).with_name("qkstudy")
 STUDY = "stack-flow"
 SPEC = f"""\
 name: {STUDY}
@@ -62,12 +61,6 @@ def key(entry: dict) -> tuple[str, str, str, str]:
     id: the cluster hashes its own data manifest (its Python's stdlib corpus), the host's plan
     another, but the planned runs and their tokens are the same."""
     return (entry["variant"], entry["scale"], str(entry["seed"]), f"{float(entry['extend']):g}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(
@@ -214,7 +207,8 @@ print("mlflow:", urllib.request.urlopen("http://mlflow:5000/health", timeout=10)
 
 
 def qk(stack: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return run([str(QKSTUDY), *args], env=stack["env"], cwd=stack["tmp"], timeout=timeout)
+    """``qkstudy ARGS`` against the stack, from its folder."""
+    return helpers.qk(*args, cwd=stack["tmp"], env=stack["env"], timeout=timeout)
 
 
 def mlflow_client(stack: dict):
@@ -410,10 +404,15 @@ def test_report_from_the_stacks_mlflow(study) -> None:
         "MLFLOW_TRACKING_USERNAME": values["QKSTUDY_READER_USERNAME"],
         "MLFLOW_TRACKING_PASSWORD": values["QKSTUDY_READER_PASSWORD"],
     }
-    res = run(
-        [str(QKSTUDY), "report", STUDY, "--tracking-uri", stack["mlflow"], "--out", str(stack["tmp"] / "report-reader")],
-        env=reader,
+    res = helpers.qk(
+        "report",
+        STUDY,
+        "--tracking-uri",
+        stack["mlflow"],
+        "--out",
+        str(stack["tmp"] / "report-reader"),
         cwd=stack["tmp"],
+        env=reader,
         timeout=300,
     )
     assert res.returncode == 0 and "not logged to MLflow" in res.stderr, res.stdout + res.stderr

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 FILES = ["tests/docker/test_stack.py", "tests/orchestrator/test_e2e.py", "tests/docker/test_compose.py"]  # stack, slow, unit
 
 

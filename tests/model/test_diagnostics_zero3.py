@@ -8,11 +8,12 @@ Runs in a subprocess: it initialises torch.distributed, which is process-global.
 """
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from tests.helpers import free_port
 
 SCRIPT = r"""
 import json, os, sys
@@ -44,9 +45,7 @@ print("RESULT" + json.dumps({"partitioned": partitioned, "refused": refused, "ex
 
 @pytest.mark.slow
 def test_diagnostics_under_zero3_gather_the_lambdas():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(port)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.split("RESULT", 1)[1])

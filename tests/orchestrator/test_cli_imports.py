@@ -3,14 +3,14 @@
 
 import importlib
 import os
-from pathlib import Path
 
 import pytest
 
 from benchmarks.cli_latency import HEAVY, cli_heavy_modules
 from orchestrator.cli_errors import INPUT_ERRORS
+from tests.helpers import REPO
 
-DEMO = str(Path(__file__).resolve().parents[2] / "jobs" / "cpu-demo.yaml")
+DEMO = str(REPO / "jobs" / "cpu-demo.yaml")
 NEVER = {"mlflow", "ray", "pandas", "matplotlib", "deepspeed", "scipy"}
 
 

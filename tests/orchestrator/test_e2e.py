@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from orchestrator.track.timeline import PREFIX, SECTIONS, TOTAL
 from orchestrator.track.tracking import run_tags
-from tests.helpers import qk
+from tests.helpers import REPO, qk, sqlite_client
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +24,7 @@ def study(tiny_study):
 
 
 def _train_runs(d):
-    c = MlflowClient(f"sqlite:///{d / 'runs/e2e/mlflow.db'}")
+    c = sqlite_client(d, "e2e")
     exp = c.get_experiment_by_name("e2e")
     runs = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
     return c, runs
@@ -205,7 +204,7 @@ def test_bad_corpus_exits_2_before_mlflow(case, corpus, expect, tmp_path):
 
     (tmp_path / "docs").mkdir()
     (tmp_path / "empty").mkdir()
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()[:3000]
+    text = (REPO / "README.md").read_text()[:3000]
     for i in range(4):  # ~1,000 tokens each: fewer than one 4,097-token window per split
         (tmp_path / "docs" / f"d{i}.txt").write_text(f"{i}\n{text}")
     spec = {
@@ -245,14 +244,14 @@ def test_changed_corpus_file_trains_new_runs_and_supersedes_the_old(tmp_path):
     nothing fails; a third run trains nothing."""
     docs = tmp_path / "docs"
     docs.mkdir()
-    for i, f in enumerate(sorted((Path(__file__).resolve().parents[2] / "orchestrator").rglob("*.py"))[:10]):
+    for i, f in enumerate(sorted((REPO / "orchestrator").rglob("*.py"))[:10]):
         (docs / f"d{i}.txt").write_text(f.read_text()[:6000])
     (tmp_path / "sup.yaml").write_text(SUPERSEDE_SPEC)
     env = {**os.environ, "QKSTUDY_CACHE": str(tmp_path / "cache")}
     env.pop("RAY_ADDRESS", None)
     res = qk("run", "sup.yaml", cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    c = MlflowClient(f"sqlite:///{tmp_path / 'runs/sup/mlflow.db'}")
+    c = sqlite_client(tmp_path, "sup")
     exp_id = c.get_experiment_by_name("sup").experiment_id
     (old,) = c.search_runs([exp_id])
     keys = ("train/loss", "val/loss", "final/val_loss", "tokens")

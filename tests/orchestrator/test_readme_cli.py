@@ -4,15 +4,14 @@ misleads every reader), and its layout table has every top-level
 folder the repository ships."""
 
 import re
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from orchestrator.cli import app
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+README = (REPO / "README.md").read_text()
 
 
 def _commands() -> dict[str, set[str]]:

@@ -9,10 +9,8 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from tests.fixtures.synthetic import ONE_SEED
+from tests.helpers import REPO, mlflow_store
 from tests.published import unzip_store
-from tests.synthetic_study import write_synthetic_study
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _finished_run(db: Path) -> str:
@@ -24,7 +22,7 @@ def _finished_run(db: Path) -> str:
 
 def test_eval_of_a_run_whose_artifacts_are_on_another_machine_is_one_error_line(tmp_path):
     """A store copied from the machine that trained it keeps that machine's artifact paths."""
-    uri = unzip_store(ROOT / "results" / "cpu-evidence-mqar-easy-mlflow.db.gz", tmp_path)
+    uri = unzip_store(REPO / "results" / "cpu-evidence-mqar-easy-mlflow.db.gz", tmp_path)
     with sqlite3.connect(tmp_path / "mlflow.db") as con:
         con.execute("UPDATE runs SET artifact_uri = 'file:///nonexistent/qkstudy/' || run_uuid || '/artifacts'")
     res = CliRunner().invoke(app, ["eval", "cpu-evidence-mqar-easy", _finished_run(tmp_path / "mlflow.db"), "--tracking-uri", uri])
@@ -35,14 +33,13 @@ def test_eval_of_a_run_whose_artifacts_are_on_another_machine_is_one_error_line(
 
 
 def test_eval_of_a_published_store_says_it_was_published_without_artifacts(tmp_path):
-    uri = unzip_store(ROOT / "results" / "cpu-evidence-mqar-easy-mlflow.db.gz", tmp_path)
+    uri = unzip_store(REPO / "results" / "cpu-evidence-mqar-easy-mlflow.db.gz", tmp_path)
     res = CliRunner().invoke(app, ["eval", "cpu-evidence-mqar-easy", _finished_run(tmp_path / "mlflow.db"), "--tracking-uri", uri])
     assert res.exit_code == 2 and "this store was published without its artifacts (qkstudy-published:/" in res.output.replace("\n", "")
 
 
 def test_a_report_whose_artifacts_cannot_be_stored_ends_its_run_failed(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    write_synthetic_study(ONE_SEED, uri)
+    uri = mlflow_store(tmp_path, ONE_SEED)
     with sqlite3.connect(tmp_path / "mlflow.db") as con:  # a location no process can create folders in
         con.execute("UPDATE experiments SET artifact_location = 'file:///proc/qkstudy-nowhere' WHERE name = ?", (ONE_SEED.study,))
     res = CliRunner().invoke(app, ["report", ONE_SEED.study, "--tracking-uri", uri, "--out", str(tmp_path / "r")])

@@ -4,16 +4,15 @@ is an input error naming it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from model import ModelConfig, count_model
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import SpecError, load_spec, parse_spec
+from tests.helpers import REPO
 
-JOBS = Path(__file__).resolve().parents[3] / "jobs"
+JOBS = REPO / "jobs"
 SPEC = {
     "name": "arch",
     "corpus": {"source": "stdlib", "max_documents": 60},

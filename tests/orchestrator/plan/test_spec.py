@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from orchestrator.cli import app
 from orchestrator.plan.spec import SpecError, load_spec
 from orchestrator.track.tracking import sqlite_path, study_tracking_uri
+from tests.helpers import REPO
 
 GOOD = """\
 name: t
@@ -100,7 +101,7 @@ def test_good_spec_defaults(tmp_path):
     assert uri == f"sqlite:///{Path.cwd().resolve()}/runs/t/mlflow.db" and sqlite_path(uri) == s.workdir_path / "mlflow.db"
 
 
-JOBS = sorted(Path(__file__).resolve().parents[3].joinpath("jobs").glob("*.yaml"))
+JOBS = sorted((REPO / "jobs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("job", JOBS, ids=[j.stem for j in JOBS])

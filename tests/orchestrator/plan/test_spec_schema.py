@@ -2,7 +2,6 @@
 as a spec is typed), and still refuses a broken one."""
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -10,8 +9,9 @@ import yaml
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
+from tests.helpers import REPO
 
-JOBS = Path(__file__).resolve().parents[3] / "jobs"
+JOBS = REPO / "jobs"
 SPECS = sorted(p for p in JOBS.glob("*.yaml"))
 BASES = sorted((JOBS / "base").glob("*.yaml"))
 

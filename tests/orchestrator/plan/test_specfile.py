@@ -13,8 +13,9 @@ from orchestrator.cli import app
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import SpecError, load_spec, parse_spec
 from orchestrator.plan.specfile import Layer, merge_layers, origin, read_layers
+from tests.helpers import REPO
 
-JOBS = Path(__file__).resolve().parents[3] / "jobs"
+JOBS = REPO / "jobs"
 
 BASE = """\
 tokenizer: {vocab_size: 1024}

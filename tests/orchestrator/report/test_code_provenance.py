@@ -12,6 +12,7 @@ import pytest
 from orchestrator.report import build_report
 from orchestrator.report.provenance import code_line, code_summary, merge_codes
 from orchestrator.track.provenance import COMMIT_TAG, DIRTY_TAG, NOT_A_CHECKOUT, SOURCE_TAG
+from tests.helpers import mlflow_store
 from tests.synthetic_study import SyntheticStudy, write_synthetic_study
 
 A, B = "809a755" + "0" * 33, "1234567" + "f" * 33
@@ -53,7 +54,7 @@ def tagged_store(tmp_path):
     from mlflow import MlflowClient
 
     study = SyntheticStudy(study="prov", scales={"xs": 2e6}, seeds=(0, 1), extend=(2.0,), n_eval=6)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     ids = write_synthetic_study(study, uri)
     client = MlflowClient(uri)
     for i, rid in enumerate(ids):

@@ -21,7 +21,8 @@ from orchestrator.cli import app
 from orchestrator.report import curves as C
 from orchestrator.report.currencies import contrast_table, decomposition, matched_currency, with_defaults
 from orchestrator.report.query import query_study
-from tests.synthetic_study import SyntheticStudy, write_synthetic_study
+from tests.helpers import mlflow_store
+from tests.synthetic_study import SyntheticStudy
 
 NOISE = dict(seed_noise={"standard": 0.0008, "coupled": 0.0008, "uncoupled_mlp": 0.0008}, seed_shared=0.02, extend=(), n_eval=40)
 FLOP_TAX = SyntheticStudy(
@@ -43,10 +44,7 @@ PER_TOKEN = SyntheticStudy(
 
 @pytest.fixture(scope="module")
 def store_uri(tmp_path_factory):
-    uri = f"sqlite:///{tmp_path_factory.mktemp('currencies') / 'mlflow.db'}"
-    for study in (FLOP_TAX, PER_TOKEN):
-        write_synthetic_study(study, uri)
-    return uri
+    return mlflow_store(tmp_path_factory.mktemp("currencies"), FLOP_TAX, PER_TOKEN)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ token ratio interpolates a real curve, not schedule noise)."""
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,10 +14,10 @@ import pytest
 
 from orchestrator.report import build_report, recall
 from tests import published
+from tests.helpers import REPO, qk
 from tests.published import Quote, assert_shared_tables_equal, unzip_store
 
-ROOT = Path(__file__).resolve().parents[3]
-RESULTS = ROOT / "results"
+RESULTS = REPO / "results"
 MAIN = "cpu-evidence"
 MQAR = ("cpu-evidence-mqar-easy", "cpu-evidence-mqar-medium")  # 150 steps: RESULTS.md's OLD_MQAR section
 CONVERGED = "cpu-mqar-easy-lr1e-3"  # MQAR trained to convergence, every arm at LR 1e-3: CONVERGED_MQAR
@@ -36,7 +34,7 @@ STUDIES = (MAIN, *MQAR, TUNED, CONVERGED, LADDER, CONTROLS, MODERN)
 # the runs never trained); the ladder's gate and its saving, and the controls' contrasts, are known
 # from the spec only.
 WITH_SPEC = {TUNED, LADDER, CONTROLS}
-TEXT = (ROOT / "RESULTS.md").read_text() if (ROOT / "RESULTS.md").exists() else ""
+TEXT = (REPO / "RESULTS.md").read_text() if (REPO / "RESULTS.md").exists() else ""
 UNIGRAM_QUOTED = {"medium"}  # the MQAR presets whose unigram perplexity RESULTS.md prints
 
 
@@ -65,8 +63,9 @@ def regenerated(tmp_path_factory):
             (root / f"{study}-store").mkdir()
             uri = unzip_store(_store(study), root / f"{study}-store")
             if study in WITH_SPEC:  # as RESULTS.md's "How to regenerate" does
-                cmd = [sys.executable, "-m", "orchestrator.cli", "report", str(ROOT / "jobs" / f"{study}.yaml")]
-                subprocess.run([*cmd, "--tracking-uri", uri, "--out", str(root / study), "--no-log"], check=True, cwd=ROOT)
+                spec = str(REPO / "jobs" / f"{study}.yaml")
+                res = qk("report", spec, "--tracking-uri", uri, "--out", str(root / study), "--no-log", cwd=REPO)
+                assert res.returncode == 0, res.stderr[-3000:]
             else:
                 build_report(study, uri, root / study, log_to_mlflow=False)
             built.add(study)

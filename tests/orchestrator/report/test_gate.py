@@ -19,7 +19,8 @@ from orchestrator.report import build_report
 from orchestrator.report.gate import TABLE, decide
 from orchestrator.track.gate_record import gates_from_tags, record_gate, record_gate_ran, recorded_gates
 from orchestrator.track.tracking import client_for
-from tests.synthetic_study import SyntheticStudy, write_synthetic_study
+from tests.helpers import mlflow_store
+from tests.synthetic_study import SyntheticStudy
 
 ARMS = ["standard", "bad", "close", "noisy"]
 GATED = SyntheticStudy(
@@ -52,10 +53,7 @@ FLOP_MATCHED = SyntheticStudy(
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    uri = f"sqlite:///{tmp_path_factory.mktemp('gate') / 'mlflow.db'}"
-    write_synthetic_study(GATED, uri)
-    write_synthetic_study(FLOP_MATCHED, uri)
-    return uri
+    return mlflow_store(tmp_path_factory.mktemp("gate"), GATED, FLOP_MATCHED)
 
 
 def _by_variant(uri, study, gate, variants):
@@ -160,8 +158,7 @@ def test_a_gate_that_stopped_no_arm_is_reported_with_a_saving_of_zero(tmp_path):
         n_eval=6,
         rng_seed=2,
     )
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    write_synthetic_study(none, uri)
+    uri = mlflow_store(tmp_path, none)
     plan = [
         {"variant": v, "scale": sc, "seed": sd, "extend": 1.0, "flops": 2e18} for v in none.variants for sc in none.scales for sd in (0, 1)
     ]

@@ -22,7 +22,8 @@ from orchestrator.report import build_report, render, run_links
 from orchestrator.report.build import analyse
 from orchestrator.report.query import query_study
 from tests.fixtures.synthetic import MAIN
-from tests.synthetic_study import SyntheticStudy, write_synthetic_study
+from tests.helpers import mlflow_store
+from tests.synthetic_study import SyntheticStudy
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
@@ -125,8 +126,7 @@ def _screenshot_drawn(tmp_path, uri: str, name: str) -> np.ndarray:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
 def test_the_demo_reports_paired_dloss_figure_opens_in_headless_chromium(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    write_synthetic_study(DEMO_LIKE, uri)
+    uri = mlflow_store(tmp_path, DEMO_LIKE)
     out = tmp_path / "report"
     summary = build_report(DEMO_LIKE.study, uri, out, log_to_mlflow=False, n_boot=20)
     assert "paired_dloss_vs_tokens.png" in summary["figures"]

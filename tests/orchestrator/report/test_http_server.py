@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,12 @@ import pytest
 from orchestrator.report import query
 from orchestrator.report.query import query_study
 from tests.fixtures.synthetic import MAIN
+from tests.helpers import free_port
 
 
 @pytest.fixture(scope="module")
 def server(synthetic_store):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     proc = subprocess.Popen(
         [str(mlflow_cli), "server", "--backend-store-uri", synthetic_store, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],

@@ -18,9 +18,10 @@ from mlflow.tracking import MlflowClient
 from orchestrator.report import build_report
 from orchestrator.track.tracking import run_tag
 from tests import published
+from tests.helpers import REPO
 from tests.published import Quote, assert_shared_tables_equal, unzip_store
 
-RESULTS = Path(__file__).resolve().parents[3] / "results"
+RESULTS = REPO / "results"
 STUDY = "cpu-ladder"
 STORE = RESULTS / f"{STUDY}-mlflow.db.gz"
 RUNGS = ["n400k", "n800k", "n1.6M"]

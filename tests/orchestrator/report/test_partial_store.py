@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.report import ReportError, build_report
+from tests.helpers import mlflow_store
 
 TS = 1_700_000_000_000
 
@@ -42,7 +43,7 @@ def _log_run(client, eid, name, tags, params, final=True, terminate="FINISHED", 
 
 @pytest.fixture(scope="module")
 def partial_store(tmp_path_factory):
-    uri = f"sqlite:///{tmp_path_factory.mktemp('partial') / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path_factory.mktemp("partial"))
     client = MlflowClient(uri)
     eid = client.create_experiment("partial")
     base = {"study": "partial", "scale": "xs", "corpus": "text"}

@@ -11,11 +11,11 @@ import pytest
 
 from orchestrator.report import build_report
 from tests import published
+from tests.helpers import REPO
 from tests.published import Quote, assert_shared_tables_equal, unzip_store
 
-ROOT = Path(__file__).resolve().parents[3]
-STORE = ROOT / "results" / "cpu-study-mlflow.db.gz"
-PUBLISHED = ROOT / "results" / "cpu-study"
+STORE = REPO / "results" / "cpu-study-mlflow.db.gz"
+PUBLISHED = REPO / "results" / "cpu-study"
 TEXT = (PUBLISHED / "RESULTS.md").read_text() if (PUBLISHED / "RESULTS.md").exists() else ""
 CORPORA = ("mixed", "stdlib")
 TABLES = ["final_ppl", "paired", "token_ratio", "seed_std", "cost", "attention"]

@@ -14,7 +14,8 @@ from orchestrator.report import build_report
 from orchestrator.report.query import query_study
 from orchestrator.report.report_run import REPORT_TAG, REVISION_TAG, UPDATED_TAG
 from orchestrator.track.tracking import KIND_REPORT, KIND_TAG
-from tests.synthetic_study import SyntheticStudy, write_synthetic_study
+from tests.helpers import mlflow_store
+from tests.synthetic_study import SyntheticStudy
 
 SMALL = dict(scales={"xs": 2e6}, seeds=(0, 1), extend=(2.0,), n_eval=6)
 
@@ -27,9 +28,7 @@ def _reports(uri: str, study: str) -> list:
 
 @pytest.fixture()
 def store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    write_synthetic_study(SyntheticStudy(study="one-report", **SMALL), uri)
-    return uri
+    return mlflow_store(tmp_path, SyntheticStudy(study="one-report", **SMALL))
 
 
 def test_each_report_call_updates_the_studys_one_report_run(store, tmp_path):
@@ -59,9 +58,7 @@ def test_a_report_run_of_an_older_version_is_reused_and_a_corpus_report_is_its_o
 
 
 def test_a_per_corpus_study_logs_index_and_corpora_into_one_run(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    for corpus in ("code", "web"):
-        write_synthetic_study(SyntheticStudy(study="corpora", corpus=corpus, **SMALL), uri)
+    uri = mlflow_store(tmp_path, *(SyntheticStudy(study="corpora", corpus=corpus, **SMALL) for corpus in ("code", "web")))
     summary = build_report("corpora", uri, tmp_path / "out", n_boot=20)
     runs = _reports(uri, "corpora")
     assert [r.info.run_id for r in runs] == [summary["mlflow_report_run"]]

@@ -11,13 +11,12 @@ reference's extend runs, and a re-run trains nothing."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from orchestrator.run.worker.optim import lr_multiplier
-from tests.helpers import QKSTUDY, TINY_SPEC, TPS, driver_env, finish_driver, plan_json, reap_driver, start_driver, study_runs, write_spec
+from tests.helpers import TINY_SPEC, TPS, driver_env, finish_driver, plan_json, qk, reap_driver, start_driver, study_runs, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
@@ -73,14 +72,7 @@ def test_branched_study_trains_trunk_and_cooldowns_resumes_and_keeps_nothing(tmp
     assert x1_loss[18 * TPS] != trunk_loss[18 * TPS]  # then the cooldown's own updates
     points = Path(tmp_path / "runs" / "branched" / "ray" / "branch_points")
     assert not points.exists() or not any(points.iterdir()), list(points.rglob("*"))[:5]
-    rep = subprocess.run(
-        [str(QKSTUDY), "report", spec.name, "--out", str(tmp_path / "report"), "--json"],
-        cwd=spec.parent,
-        env=driver_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    rep = qk("report", spec.name, "--out", str(tmp_path / "report"), "--json", cwd=spec.parent, timeout=300)
     assert rep.returncode == 0, rep.stderr[-2000:]
     ratio = json.loads(rep.stdout)[0]["ratios"]["coupled"]
     assert ratio["ref_extends"] == [1.0, 1.5, 2.0], ratio  # the branches stand for the extend runs

@@ -25,6 +25,7 @@ from orchestrator.run.worker.branching import (
 )
 from orchestrator.run.worker.optim import lr_multiplier
 from orchestrator.track.tracking import create_run, ensure_experiment
+from tests.helpers import mlflow_store
 
 TPS = 8 * 64
 SPEC = {
@@ -46,7 +47,7 @@ def family():
 
 def test_history_copy_takes_the_trunk_up_to_the_branch_point_once_and_finishes_a_partial_copy(tmp_path, family):
     trunk, branch = family
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(mlflow_store(tmp_path))
     exp = ensure_experiment(client, "br")
     t_id, b_id = create_run(client, exp, trunk), create_run(client, exp, branch)
     points = [Metric(k, float(s * 10 + i), 1000 + s, s * TPS) for s in range(1, 41) for i, k in enumerate(("train/loss", "lr"))]

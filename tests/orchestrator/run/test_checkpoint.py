@@ -7,7 +7,6 @@ plan's memory estimate assumes (``orchestrator.plan.memory``)."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import deepspeed
@@ -17,6 +16,7 @@ import torch
 from orchestrator.plan import memory
 from orchestrator.run.worker.checkpoint import UnsafeCheckpointError, load_engine_checkpoint
 from orchestrator.run.worker.optim import batch_geometry, deepspeed_config
+from tests.helpers import REPO, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +41,7 @@ def process_group():
     if torch.distributed.is_initialized():
         yield
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield
     torch.distributed.destroy_process_group()
@@ -137,10 +135,9 @@ def test_resume_goes_through_the_weights_only_loader():
     """No product code calls DeepSpeed's ``engine.load_checkpoint`` except checkpoint.py (which
     first swaps in the weights-only engine); the scanner finds such a call when there is one."""
     assert load_checkpoint_calls("self.engine.load_checkpoint(d, tag='ckpt')\n") == [1]
-    repo = Path(__file__).resolve().parents[3]
     found = {
-        str(p.relative_to(repo)): lines
-        for p in sorted((repo / "orchestrator").rglob("*.py"))
+        str(p.relative_to(REPO)): lines
+        for p in sorted((REPO / "orchestrator").rglob("*.py"))
         if (lines := load_checkpoint_calls(p.read_text()))
     }
     assert set(found) == {"orchestrator/run/worker/checkpoint.py"}, found

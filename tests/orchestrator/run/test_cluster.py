@@ -9,17 +9,15 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
+from functools import partial
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import REPO
+from tests.helpers import REPO, qk
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
-
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +41,7 @@ workdir: {workdir}
 """
 
 
-def _qk(*args, cwd, env):
-    return subprocess.run([str(BIN / "qkstudy"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+_qk = partial(qk, timeout=600)
 
 
 def _job_status(url, job_id, env):

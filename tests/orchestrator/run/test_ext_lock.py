@@ -19,8 +19,8 @@ import pytest
 from torch.utils.file_baton import FileBaton
 
 from orchestrator.run.ext_lock import clear_stale_locks, find_locks, lock_users, pin_ninja, sweeping
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[3]
 OP = "deepspeed_shm_comm"
 
 
@@ -46,7 +46,7 @@ def _holder(lock: Path, cwd: Path | None = None) -> subprocess.Popen:
         time.sleep(600)
     """)
     take = "take" if not lock.exists() else "cwd"
-    p = subprocess.Popen([sys.executable, "-c", code, str(lock), take], stdout=subprocess.PIPE, text=True, cwd=cwd or ROOT)
+    p = subprocess.Popen([sys.executable, "-c", code, str(lock), take], stdout=subprocess.PIPE, text=True, cwd=cwd or REPO)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
 
@@ -146,7 +146,7 @@ def test_planted_lock_hangs_a_real_op_load_and_prebuild_clears_it(tmp_path):
         **os.environ,
         "TORCH_EXTENSIONS_DIR": str(tmp_path),
         "DS_ACCELERATOR": "cpu",
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(REPO),
         "PATH": f"{scripts}{os.pathsep}{os.environ['PATH']}",
     }
     lock = _plant(tmp_path)
@@ -159,7 +159,7 @@ def test_planted_lock_hangs_a_real_op_load_and_prebuild_clears_it(tmp_path):
     assert lock.exists() and not (tmp_path / OP / "build.ninja").exists()
     t0 = time.time()
     p = subprocess.run(
-        [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=800
+        [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"], env=env, cwd=REPO, capture_output=True, text=True, timeout=800
     )
     build_s = time.time() - t0
     assert p.returncode == 0, p.stderr[-3000:]
@@ -175,7 +175,7 @@ def test_planted_lock_hangs_a_real_op_load_and_prebuild_clears_it(tmp_path):
     again = subprocess.run(
         [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"],
         env={**env, "PATH": f"{Path(other).parent}{os.pathsep}{env['PATH']}" if other else env["PATH"]},
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,

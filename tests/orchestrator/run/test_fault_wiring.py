@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -32,10 +30,9 @@ from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, WatchdogLimits
 from orchestrator.track import lease as lease_mod
 from orchestrator.track.lease import JOB_ID_ENV, STUDY_LEASE, Lease, run_lease_name
 from orchestrator.track.status import study_lease_line, study_status
-from orchestrator.track.tracking import artifact_location, create_run, ensure_experiment, sqlite_uri
+from orchestrator.track.tracking import artifact_location, create_run, ensure_experiment
+from tests.helpers import REPO, driver_env, finish_driver, mlflow_store, start_driver
 
-ROOT = Path(__file__).resolve().parents[3]
-QKSTUDY = Path(sys.executable).with_name("qkstudy")
 SPEC = {
     "name": "wiring",
     "scales": ["cpu-xs"],
@@ -51,7 +48,7 @@ def store(tmp_path_factory):
     """A SQLite store in a study folder, with one planned run's MLflow record."""
     d = tmp_path_factory.mktemp("wiring")
     (run,) = plan(parse_spec(SPEC))
-    uri = sqlite_uri(d / "mlflow.db")
+    uri = mlflow_store(d)
     client = MlflowClient(uri)
     exp_id = ensure_experiment(client, "wiring")
     return d, run, uri, client, exp_id
@@ -179,7 +176,7 @@ def test_submit_names_the_job_in_its_environment(tmp_path, monkeypatch):
 def _busy_spec(tmp_path: Path) -> Path:
     docs = tmp_path / "docs"
     docs.mkdir()
-    for i, f in enumerate(sorted((ROOT / "orchestrator" / "run").glob("*.py"))[:6]):
+    for i, f in enumerate(sorted((REPO / "orchestrator" / "run").glob("*.py"))[:6]):
         (docs / f"d{i}.txt").write_text(f.read_text()[:4000])
     spec = {**SPEC, "name": "busy", "corpus": {"source": "text", "paths": ["docs"]}, "workdir": str(tmp_path / "w")}
     (tmp_path / "busy.yaml").write_text(yaml.safe_dump(spec))
@@ -192,21 +189,8 @@ def test_second_driver_exits_2_naming_the_holder_and_status_shows_it(tmp_path):
     held = Lease(storage, STUDY_LEASE).acquire()  # this test process is the live driver
     run_lease = Lease(storage, run_lease_name("abc123")).acquire()
     try:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        p = subprocess.Popen(
-            [str(QKSTUDY), "run", str(spec)],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            _, stderr = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:  # it went on to train: end it and everything it started
-            os.killpg(p.pid, signal.SIGKILL)
-            raise
+        p = start_driver(spec, driver_env())
+        stderr = finish_driver(p, timeout=300)  # one that went on to train is killed with all it started
         assert p.returncode == 2, stderr[-3000:]
         flat = " ".join(stderr.split())
         assert f"study 'busy' is being run by pid {os.getpid()} on host" in flat, flat

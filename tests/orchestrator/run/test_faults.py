@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
-    QKSTUDY,
+    REPO,
     SHM_OP,
     TINY_SPEC,
     TPS,
@@ -29,6 +29,7 @@ from tests.helpers import (
     driver_env,
     finish_driver,
     plan_json,
+    qk,
     reap_driver,
     start_driver,
     steps,
@@ -37,8 +38,6 @@ from tests.helpers import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_two_drivers_at_once_train_each_run_exactly_once_and_a_waiter_finds_it_done(tmp_path):
@@ -155,8 +154,8 @@ def _extensions_dir(tmp: Path) -> Path:
         shutil.copytree(built, ext / SHM_OP, ignore=shutil.ignore_patterns("lock"))
     out = subprocess.run(
         [sys.executable, "-m", "orchestrator.run.ext_lock", "--prebuild"],
-        cwd=ROOT,
-        env=driver_env(TORCH_EXTENSIONS_DIR=str(ext), PYTHONPATH=str(ROOT)),
+        cwd=REPO,
+        env=driver_env(TORCH_EXTENSIONS_DIR=str(ext), PYTHONPATH=str(REPO)),
         capture_output=True,
         text=True,
         timeout=900,
@@ -226,45 +225,20 @@ def test_eval_of_the_final_weights_gives_the_runs_final_val_loss_and_sample_prin
     d, spec, plan, *_ = faulty
     c, runs = study_runs(d, "faulty")
     r = runs[plan["base"]["run_id"]]
-    out = subprocess.run(
-        [str(QKSTUDY), "eval", spec.name, plan["base"]["run_id"][:10], "--max-windows", "8", "--json"],
-        cwd=d,
-        env=driver_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = qk("eval", spec.name, plan["base"]["run_id"][:10], "--max-windows", "8", "--json", cwd=d, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)
     final = r.data.metrics["final/val_loss"]
     assert res["windows"] == 8 and res["recorded_final_val_loss"] == final
     assert abs(res["val_loss"] - final) < 1e-4, (res["val_loss"], final)
     # all windows is another sample of the same split: near, not equal
-    alls = json.loads(
-        subprocess.run(
-            [str(QKSTUDY), "eval", spec.name, r.info.run_name, "--json"],
-            cwd=d,
-            env=driver_env(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        ).stdout
-    )
+    alls = json.loads(qk("eval", spec.name, r.info.run_name, "--json", cwd=d, timeout=600).stdout)
     assert alls["windows"] > 8 and abs(alls["val_loss"] - final) < 0.5 and alls["val_loss"] != res["val_loss"]
-    out = subprocess.run(
-        [str(QKSTUDY), "sample", spec.name, r.info.run_name, "--prompt", "def ", "-n", "24", "--seed", "1"],
-        cwd=d,
-        env=driver_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = qk("sample", spec.name, r.info.run_name, "--prompt", "def ", "-n", "24", "--seed", "1", cwd=d, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("def") and len(out.stdout.strip()) > len("def ") + 10, out.stdout
     # the failed run kept no weights: exit 2 with the reason
-    out = subprocess.run(
-        [str(QKSTUDY), "eval", spec.name, plan["extend"]["run_id"]], cwd=d, env=driver_env(), capture_output=True, text=True, timeout=600
-    )
+    out = qk("eval", spec.name, plan["extend"]["run_id"], cwd=d, timeout=600)
     assert out.returncode == 2 and "has no final weights" in out.stderr, out.stderr[-2000:]
     print(
         f"\n[final weights] eval {res['val_loss']:.6f} vs final/val_loss {final:.6f} "

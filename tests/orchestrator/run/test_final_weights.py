@@ -36,8 +36,8 @@ from orchestrator.run.final_weights import (
     sample,
     sha256_file,
 )
+from tests.helpers import REPO, free_port, mlflow_store
 
-ROOT = Path(__file__).resolve().parents[3]
 MQAR = {"vocab_size": 64, "seq_len": 32, "num_kv_pairs": 4, "num_train_examples": 64, "num_val_examples": 40}
 CFG: dict[str, Any] = {"vocab_size": 64, "seq_len": 32, "n_layer": 2, "d_model": 32, "n_head": 4, "variant": "coupled"}
 
@@ -49,7 +49,7 @@ def mqar_data():
 
 def _store(tmp_path: Path, data_path: str) -> tuple[str, str]:
     """A SQLite MLflow store with file artifacts in tmp_path; returns (uri, run id)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     c = MlflowClient(uri)
     exp = c.create_experiment("fw", artifact_location=(tmp_path / "artifacts").as_uri())
     run = c.create_run(exp)
@@ -81,11 +81,11 @@ def _load_elsewhere(uri: str, run_id: str, x: torch.Tensor, tmp_path: Path) -> t
     torch.save(x, tmp_path / "x.pt")
     p = subprocess.run(
         [sys.executable, "-c", LOADER, uri, run_id, str(tmp_path / "x.pt"), str(tmp_path / "y.pt")],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert p.returncode == 0, p.stderr[-3000:]
     return torch.load(tmp_path / "y.pt", weights_only=True)
@@ -233,14 +233,10 @@ ENGINE = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_engine_weights_round_trip(tmp_path, mqar_data, stage):
-    import socket
-
     uri, run_id = _store(tmp_path, mqar_data.path)
     x = torch.randint(0, 64, (3, 32), generator=torch.Generator().manual_seed(1))
     torch.save(x, tmp_path / "probe.pt")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     args = {
         "cfg": CFG,
         "stage": stage,
@@ -253,11 +249,11 @@ def test_deepspeed_engine_weights_round_trip(tmp_path, mqar_data, stage):
     }
     p = subprocess.run(
         [sys.executable, "-c", ENGINE, json.dumps(args)],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=800,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert p.returncode == 0, p.stderr[-4000:]
     engine_val = json.loads(p.stdout.strip().splitlines()[-1])["val_loss"]

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.helpers import REPO
+
 PRODUCT = ("orchestrator", "model", "data_pipeline")
 SHELL_CALLS = {
     ("os", "system"),

@@ -8,7 +8,8 @@ finds what it looks for.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
+
+from tests.helpers import REPO
 
 UNSAFE_LOADERS = {
     ("pickle", "load"),
@@ -46,7 +47,6 @@ def test_loader_scanner_can_fail() -> None:
 
 def test_product_loads_checkpoints_weights_only() -> None:
     """Checkpoints load weights-only or through DeepSpeed's engine.load_checkpoint only."""
-    repo = Path(__file__).resolve().parents[3]
-    files = [p for pkg in ("orchestrator", "model", "data_pipeline") for p in sorted((repo / pkg).rglob("*.py"))]
-    findings = [f for p in files for f in unsafe_loads(p.read_text(), str(p.relative_to(repo)))]
+    files = [p for pkg in ("orchestrator", "model", "data_pipeline") for p in sorted((REPO / pkg).rglob("*.py"))]
+    findings = [f for p in files for f in unsafe_loads(p.read_text(), str(p.relative_to(REPO)))]
     assert findings == []

@@ -15,16 +15,17 @@ import select
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.fixtures.cluster import process_alive
+from tests.helpers import qk
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
-BIN = Path(sys.executable).parent
 TPS = 8 * 64  # tokens per optimizer step
 STEPS = 300  # cpu-xs trains ~15 steps/s idle: long enough that the kill lands mid-run (asserted)
 CKPT_EVERY = STEPS // 10  # a checkpoint per eval: the spec's num_evals
@@ -42,8 +43,7 @@ workdir: {workdir}
 """
 
 
-def _qk(*args: str, cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "qkstudy"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+_qk = partial(qk, timeout=600)
 
 
 def _job_status(url: str, job_id: str, env: dict[str, str]) -> str:

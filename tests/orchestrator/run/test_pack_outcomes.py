@@ -7,6 +7,7 @@ from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.run.driver.packing import Pack, _outcomes, requeue
 from orchestrator.track.tracking import STATUS_QUEUED, STATUS_RUNNING, client_for, create_run, ensure_experiment, set_status
+from tests.helpers import mlflow_store
 
 
 def test_only_runs_queued_with_no_training_point_count_as_never_started(tmp_path):
@@ -15,7 +16,7 @@ def test_only_runs_queued_with_no_training_point_count_as_never_started(tmp_path
     was down, yet it trained). Only the second comes back unstarted, and requeue trains it
     alone; the control (the third) is failed in place, not trained again from scratch."""
     runs = plan(parse_spec({"name": "o", "scales": ["cpu-xs"], "variants": ["standard"], "seeds": [0, 1, 2], "budget": {"tokens": 40960}}))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     client = client_for(uri)
     exp = ensure_experiment(client, "o")
     ids = [create_run(client, exp, r) for r in runs]

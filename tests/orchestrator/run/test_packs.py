@@ -3,13 +3,12 @@ per slot of the cluster, the runs dealt longest first; with a number, the plan's
 cut into fixed groups. A run launched in a pack goes back to it on a resubmit (its
 checkpoints live under the pack's name), whatever the cluster or the spec says now."""
 
-from pathlib import Path
-
 import pytest
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.run.driver.packing import launch_order, make_packs
+from tests.helpers import REPO
 
 
 def _runs(per_trainer=None):
@@ -124,7 +123,7 @@ def test_the_demo_on_one_slot_packs_as_it_did_with_runs_per_trainer_8():
     workers on 2 CPUs) its 8 runs make the same pack, under the same name, as the 8 it set."""
     from orchestrator.plan.spec import load_spec
 
-    study = load_spec(str(Path(__file__).resolve().parents[3] / "jobs" / "cpu-demo.yaml"))
+    study = load_spec(str(REPO / "jobs" / "cpu-demo.yaml"))
     auto = launch_order(plan(study))
     fixed = launch_order(plan(study.model_copy(update={"resources": study.resources.model_copy(update={"runs_per_trainer": 8})})))
     ids = {r.run_id for r in auto}

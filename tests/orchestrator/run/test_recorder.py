@@ -13,6 +13,7 @@ from orchestrator.plan.spec import parse_spec
 from orchestrator.run.worker.recorder import NodePlace, Recorder, log_data_inputs
 from orchestrator.run.worker.stall import KILL_AT_STEP_ENV, kill_hook_from_env
 from orchestrator.track.tracking import create_run, ensure_experiment, run_status
+from tests.helpers import mlflow_store
 
 SPEC = {
     "name": "rec",
@@ -27,7 +28,7 @@ SPEC = {
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
     (run,) = plan(parse_spec(SPEC))
-    uri = f"sqlite:///{tmp_path_factory.mktemp('rec') / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path_factory.mktemp("rec"))
     client = MlflowClient(uri)
     return run, uri, client, ensure_experiment(client, "rec")
 

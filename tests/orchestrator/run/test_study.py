@@ -6,21 +6,17 @@ test_tuned_study.py."""
 from __future__ import annotations
 
 import ast
-import sys
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from orchestrator.run.driver.runner import run_runs
 from orchestrator.track.lease import STUDY_LEASE, Lease
-
-ROOT = Path(__file__).resolve().parents[3]
-QKSTUDY = Path(sys.executable).with_name("qkstudy")
+from tests.helpers import REPO
 
 
 def test_runner_never_imports_the_study_protocol():
-    tree = ast.parse((ROOT / "orchestrator" / "run" / "driver" / "runner.py").read_text())
+    tree = ast.parse((REPO / "orchestrator" / "run" / "driver" / "runner.py").read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     names |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}

@@ -9,15 +9,16 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import QKSTUDY, qk
+
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
-BIN = Path(sys.executable).parent
 # A study that trains for a minute or more: still running when the test stops it.
 SPEC = """\
 name: {name}
@@ -46,8 +47,7 @@ def _spec(folder: Path, name: str, corpus: str = STDLIB) -> Path:
     return folder / f"{name}.yaml"
 
 
-def _qk(*args: str, cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "qkstudy"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+_qk = partial(qk, timeout=300)
 
 
 def test_a_failing_job_is_followed_to_its_end_and_exits_1(head):
@@ -73,7 +73,7 @@ def test_ctrl_c_leaves_the_job_running_no_wait_returns_at_once_and_stop_stops_it
     url, env, tmp = head
     spec = _spec(tmp / "long", "long")
     follow = subprocess.Popen(
-        [str(BIN / "qkstudy"), "submit", str(spec), "--address", url, "--no-upload"],
+        [str(QKSTUDY), "submit", str(spec), "--address", url, "--no-upload"],
         cwd=spec.parent,
         env=env,
         stdout=subprocess.PIPE,

@@ -5,17 +5,15 @@ containers do not have: the nodes run the qkstudy image instead)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.plan.spec import SpecError
 from orchestrator.run.driver.submit import build_job, ephemeral_fields
+from tests.helpers import qk
 
-QKSTUDY = Path(sys.executable).with_name("qkstudy")
 SPEC = """\
 name: ephemeral
 corpus: {source: stdlib, max_documents: 20}
@@ -29,10 +27,7 @@ NOWHERE = "http://127.0.0.1:9"
 
 
 def submit(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run(
-        [str(QKSTUDY), "submit", "study.yaml", "--address", NOWHERE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+    return qk("submit", "study.yaml", "--address", NOWHERE, *args, cwd=cwd, timeout=300)
 
 
 def write(tmp_path: Path, extra: str = "") -> Path:
@@ -85,5 +80,5 @@ def test_there_is_no_image_flag(tmp_path):
     write(tmp_path, "tracking_uri: http://mlflow:5000\nstorage_path: /shared/qkstudy/ephemeral\n")
     res = submit(tmp_path, "--image", "qkstudy:latest")
     assert res.returncode == 2 and "No such option" in res.stderr + res.stdout
-    helptext = subprocess.run([str(QKSTUDY), "submit", "--help"], capture_output=True, text=True, timeout=120).stdout
+    helptext = qk("submit", "--help", timeout=120).stdout
     assert "--image" not in helptext and "--allow-ephemeral" in helptext

@@ -6,9 +6,7 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -22,6 +20,7 @@ from orchestrator.run.driver.study import run_study
 from orchestrator.run.worker.optim import lr_multiplier
 from orchestrator.track.lease import LEASE_DIR
 from orchestrator.track.tracking import study_tracking_uri
+from tests.helpers import QKSTUDY, mlflow_store, qk, sqlite_client
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +63,7 @@ def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
                 "eval": {**BASE["eval"], "final_max_windows": final_windows, "diagnostics": True},
             }
         )
-        uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
+        uri = mlflow_store(tmp_path / name)
         (planned,) = plan(study)
         res = run_runs([planned], name, uri, str(tmp_path / name / "ray"), console=Console(quiet=True))
         assert res.ok, res.reasons
@@ -141,7 +140,7 @@ def test_mqar_runs_log_accuracy_at_every_eval_and_after_the_final_pass(local_ray
         "eval": {**BASE["eval"], "num_evals": 2},
     }
     study = parse_spec(spec)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     res = run_runs(plan(study), "acc", uri, str(tmp_path / "ray"), console=Console(quiet=True))
     assert res.ok, res.reasons
     run, acc = _history(uri, "acc", "val/accuracy")
@@ -189,20 +188,14 @@ def _write_run(tmp_path, name):
     return run, f
 
 
-def _train(f, cwd, env, **kw):
-    exe = Path(sys.executable).with_name("qkstudy")
-    return subprocess.run([str(exe), "train", str(f)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kw)
-
-
 @pytest.mark.stack
 def test_resubmitting_after_driver_killed_resumes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run, f = _write_run(tmp_path, "resubmit")
     d = tmp_path / "w"
     d.mkdir()
-    exe = Path(sys.executable).with_name("qkstudy")
     p = subprocess.Popen(
-        [str(exe), "train", str(f)], cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        [str(QKSTUDY), "train", str(f)], cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     ckpts = d / "runs/resubmit/ray" / run.run_id
     deadline = time.time() + 300
@@ -211,7 +204,7 @@ def test_resubmitting_after_driver_killed_resumes(tmp_path):
     assert list(ckpts.glob("checkpoint_*")), "no checkpoint appeared"
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
-    res = _train(f, d, env)
+    res = qk("train", str(f), cwd=d, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     mlrun, steps = _history(f"sqlite:///{d / 'runs/resubmit/mlflow.db'}", "resubmit", "train/loss")
     assert [s for s, _ in steps] == [512 * i for i in range(1, 51)]
@@ -231,11 +224,6 @@ def _study_file(tmp_path, name, runs_per_trainer):
     return f
 
 
-def _run_study_cli(f, cwd, env):
-    exe = Path(sys.executable).with_name("qkstudy")
-    return subprocess.run([str(exe), "run", str(f)], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-
-
 @pytest.mark.stack
 def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
     """Two runs share one worker group; a worker dies hard during the first (after step 25).
@@ -246,9 +234,9 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     alone, packed = tmp_path / "alone", tmp_path / "packed"
     alone.mkdir(), packed.mkdir()
-    res = _run_study_cli(_study_file(tmp_path, "p", 1), alone, env)
+    res = qk("run", str(_study_file(tmp_path, "p", 1)), cwd=alone, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    res = _run_study_cli(_study_file(tmp_path, "p", 2), packed, {**env, "QKSTUDY_TEST_KILL_AT_STEP": "25"})
+    res = qk("run", str(_study_file(tmp_path, "p", 2)), cwd=packed, env={**env, "QKSTUDY_TEST_KILL_AT_STEP": "25"})
     assert res.returncode == 0, res.stderr[-3000:]
     # a log (not a terminal) gets one line per run as it ends, not only when its pack ends
     assert sum(line.startswith("finished ") for line in res.stderr.splitlines()) == 2 and "[2/2]" in res.stderr
@@ -256,7 +244,7 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
     assert pack_dir.startswith("pack-")
 
     def runs(d):
-        c = MlflowClient(f"sqlite:///{d / 'runs/p/mlflow.db'}")
+        c = sqlite_client(d, "p")
         exp = c.get_experiment_by_name("p")
         out = {}
         for r in c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'"):
@@ -299,10 +287,10 @@ def test_a_run_that_fails_its_pack_does_not_fail_the_runs_queued_behind_it(tmp_p
     f.write_text(yaml.safe_dump(spec))
     (coupled,) = [r for r in plan(parse_spec(spec)) if r.variant == "coupled"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    res = _run_study_cli(f, tmp_path, {**env, "QKSTUDY_TEST_KILL_AT_STEP": "10", "QKSTUDY_TEST_KILL_RUN": coupled.run_name})
+    res = qk("run", str(f), cwd=tmp_path, env={**env, "QKSTUDY_TEST_KILL_AT_STEP": "10", "QKSTUDY_TEST_KILL_RUN": coupled.run_name})
     assert res.returncode == 1, res.stderr[-3000:]  # a failed run: the study reports it
     assert "1 run(s) of pack-" in res.stdout + res.stderr and "queued again" in res.stdout + res.stderr
-    c = MlflowClient(f"sqlite:///{tmp_path / 'runs/q/mlflow.db'}")
+    c = sqlite_client(tmp_path, "q")
     exp = c.get_experiment_by_name("q")
     runs = {r.data.tags["qkstudy.variant"]: r for r in c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")}
     assert runs["coupled"].data.tags["qkstudy.status"] == "failed" and "qkstudy.failure_reason" in runs["coupled"].data.tags

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import orchestrator.run.driver.study as study_mod
 from orchestrator.plan.spec import parse_spec
 from orchestrator.track.lease import STUDY_LEASE, Lease, LeaseHeld, read_lease
 from orchestrator.track.tracking import study_tracking_uri
-from tests.helpers import QKSTUDY, driver_env, qk
+from tests.helpers import qk
 
 pytestmark = pytest.mark.slow
 
@@ -91,9 +90,7 @@ def tuned(tmp_path_factory, local_ray):
         except LeaseHeld as e:
             seen["refused_by"] = e.holder.pid
         t0 = time.time()
-        seen["second"] = subprocess.run(
-            [str(QKSTUDY), "run", str(d / "tune.yaml")], cwd=d, env=driver_env(), capture_output=True, text=True, timeout=600
-        )
+        seen["second"] = qk("run", str(d / "tune.yaml"), cwd=d, timeout=600)
         seen["second_s"] = time.time() - t0
         seen["records_after_second"] = sorted(r.data.tags["qkstudy.run_id"] for r in _records(uri, study_name))
         return out

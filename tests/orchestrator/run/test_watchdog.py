@@ -10,13 +10,11 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, Watchdog, WatchdogLimits, limits_from_env, stall_reason
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.helpers import REPO, free_port
 
 
 def blocked_in_collective(release: threading.Event) -> None:
@@ -173,19 +171,15 @@ STUCK = textwrap.dedent("""
 
 
 def test_a_process_stuck_in_a_c_call_is_ended_with_the_section_and_stack():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     t0 = time.time()
     p = subprocess.run(
         [sys.executable, "-c", STUCK, str(port)],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert p.returncode == STALL_EXIT_CODE, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
     assert "section 'startup'" in p.stdout and "init_process_group" in p.stdout

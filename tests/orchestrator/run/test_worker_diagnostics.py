@@ -16,6 +16,7 @@ from model.diagnostics import NAMES, PROBE_WINDOWS
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.run.driver.runner import run_runs
+from tests.helpers import mlflow_store
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ def _diagnostics(tmp_path, stage: int) -> dict[str, list[tuple[int, float]]]:
     """Every attn/* metric history of one 2-worker run at ZeRO `stage`: {key: [(step, value)]}."""
     name = f"diag-z{stage}"
     study = parse_spec({**BASE, "name": name, "resources": {"workers": 2, "zero_stage": stage}})
-    uri = f"sqlite:///{tmp_path / name / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path / name)
     res = run_runs(plan(study), name, uri, str(tmp_path / name / "ray"), console=Console(quiet=True))
     assert res.ok, res.reasons
     c = MlflowClient(uri)

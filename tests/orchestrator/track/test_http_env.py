@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 
 from orchestrator.run.driver.submit import build_job
 from orchestrator.track.http_env import MLFLOW_HTTP_ENV, OUTAGE_ENV
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[3]
 SPEC = {
     "name": "s",
     "corpus": {"source": "stdlib", "max_documents": 4},
@@ -30,7 +29,7 @@ def _cli_env(**extra: str) -> dict[str, str]:
     code = "import json, os, orchestrator.cli; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('MLFLOW_HTTP')}))"
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("MLFLOW_HTTP")}
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", code], cwd=REPO, env={**env, **extra}, capture_output=True, text=True, timeout=120, check=True
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.track.lease import Lease, LeaseHeld, read_lease
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.helpers import REPO, free_port
 
 # A child process: wait for the go file, try the lease, print one JSON line per event, hold it
 # for `hold_s` (heartbeating), then release. Killed children print nothing more.
@@ -51,10 +50,10 @@ CHILD = textwrap.dedent("""
 def _spawn(**args) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, json.dumps(args)],
-        cwd=ROOT,
+        cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
 
@@ -226,19 +225,13 @@ def test_bad_name_and_free_lease(tmp_path):
 # --------------------------------------------------------------------------- object store
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_uri():
     """A bucket on a real S3 API server (moto_server), as a pyarrow URI."""
     exe = shutil.which("moto_server")
     if exe is None:
         pytest.skip("moto_server (S3 API server) is not installed")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([exe, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 60

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,14 @@ from mlflow.tracking import MlflowClient
 from orchestrator.track.http_env import apply_http_env
 from orchestrator.track.metric_buffer import MetricBuffer, OutagePolicy, TrackingOutage
 from orchestrator.track.tracking import last_logged_step
-from tests.helpers import QKSTUDY, TINY_SPEC, TPS, driver_env, finish_driver, reap_driver
+from tests.helpers import TINY_SPEC, TPS, driver_env, finish_driver, free_port, reap_driver, start_driver
 
 
 class Server:
     """`mlflow server` over one SQLite file on a fixed loopback port, restartable."""
 
     def __init__(self, root: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.root, self.url = root, f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -165,15 +162,7 @@ def test_a_study_rides_out_a_server_outage_mid_run_with_every_point_once(server,
     steps = 600  # ~40-90 s of training here: the outage starts at the first flush and ends well before the last step
     spec = _study_spec(tmp_path, "outage", server.url, steps, num_evals=30)
     client = MlflowClient(server.url)
-    p = subprocess.Popen(
-        [str(QKSTUDY), "run", spec.name, "-v"],
-        cwd=spec.parent,
-        env=driver_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    p = start_driver(spec, driver_env(), "-v")
     try:
         mlflow_id, deadline = None, time.time() + 600
         while time.time() < deadline and p.poll() is None:  # the first flush (step 20) is in MLflow
@@ -215,15 +204,7 @@ def test_an_outage_past_its_bound_fails_the_run_with_a_reason_and_a_resubmit_res
     client = MlflowClient(server.url)
 
     def start(**env: str) -> subprocess.Popen:
-        return subprocess.Popen(
-            [str(QKSTUDY), "run", spec.name, "-v"],
-            cwd=spec.parent,
-            env=driver_env(**env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        return start_driver(spec, driver_env(**env), "-v")
 
     p = start(QKSTUDY_MLFLOW_OUTAGE_S="8")
     try:
@@ -270,9 +251,7 @@ def test_a_pack_that_ends_while_mlflow_is_down_reports_the_runs_failure_reason_n
     from orchestrator.run.driver.packing import _outcomes
 
     apply_http_env()
-    with socket.socket() as s:  # a port nothing listens on: the server is down
-        s.bind(("127.0.0.1", 0))
-        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    down = f"http://127.0.0.1:{free_port()}"  # a port nothing listens on: the server is down
     crash = "TrainingFailedError: ... TrackingOutage: MLflow took no write for 301 s ... resubmit the study"
     out = _outcomes([{"run": {"run_id": "r1"}, "mlflow_run_id": "m1"}], down, crash)
     assert out["r1"]["status"] == "failed" and out["r1"]["reason"].startswith(crash)

@@ -18,6 +18,7 @@ from orchestrator.plan.spec import load_spec
 from orchestrator.run.driver import submit, upload
 from orchestrator.track import provenance as P
 from orchestrator.track.tracking import client_for, create_run, ensure_experiment
+from tests.helpers import mlflow_store
 
 SPEC = "name: prov\nscales: [cpu-xs]\nvariants: [standard, coupled]\nbudget: {tokens: 40960}\n"
 
@@ -165,7 +166,7 @@ def test_tags_are_set_at_creation_and_artifacts_logged(repo, tmp_path):
     study = load_spec(spec)
     run = plan(study)[0]
     prov = P.gather(study, spec, env={}, code_root=repo)
-    client = client_for(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = client_for(mlflow_store(tmp_path))
     exp = ensure_experiment(client, study.name)
     P.set_experiment_note(client, exp, prov)
     mid = create_run(client, exp, run, {}, prov.tags)

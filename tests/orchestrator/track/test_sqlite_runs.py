@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 from orchestrator.track.sqlite_runs import sqlite_runs
 from orchestrator.track.status import study_status
 from orchestrator.track.tracking import KIND_TAG, find_train_runs, sqlite_uri
+from tests.helpers import mlflow_store
 
 
 def _view(runs: dict) -> dict:
@@ -31,7 +32,7 @@ def _view(runs: dict) -> dict:
 @pytest.fixture()
 def store(tmp_path):
     db = tmp_path / "mlflow.db"
-    c = MlflowClient(sqlite_uri(db))
+    c = MlflowClient(mlflow_store(tmp_path))
     eid = c.create_experiment("s")
 
     def run(run_id, kind="train", status="finished", metrics=(), params=None, name=None):
@@ -70,7 +71,7 @@ def test_the_reader_returns_what_mlflows_client_returns(store) -> None:
 
 
 def test_ties_in_start_time_and_a_deleted_experiment_read_as_the_client_reads_them(tmp_path) -> None:
-    c = MlflowClient(sqlite_uri(tmp_path / "mlflow.db"))
+    c = MlflowClient(mlflow_store(tmp_path))
     eid = c.create_experiment("s")
     for i in range(6):  # three run_ids retried at the same millisecond: the tie-break decides which wins
         c.create_run(eid, start_time=1_000, tags={KIND_TAG: "train", "run_id": f"r{i % 3}", "status": f"s{i}"})

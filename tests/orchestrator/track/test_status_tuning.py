@@ -13,12 +13,13 @@ from typer.testing import CliRunner
 from orchestrator.cli import app
 from orchestrator.report import export_study
 from orchestrator.track.status import study_status, tuning_status
-from orchestrator.track.tracking import KIND_TAG, sqlite_uri, tag
+from orchestrator.track.tracking import KIND_TAG, tag
+from tests.helpers import mlflow_store
 
 
 @pytest.fixture()
 def store(tmp_path):
-    uri = sqlite_uri(tmp_path / "mlflow.db")
+    uri = mlflow_store(tmp_path)
     c = MlflowClient(uri)
     eid = c.create_experiment("s")
 
