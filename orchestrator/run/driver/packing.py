@@ -161,7 +161,7 @@ def _trainer(name: str, items: list[dict], tracking_uri: str, storage_path: str,
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from orchestrator.run.worker.loop import train_loop_per_worker
+    from orchestrator.run.worker.entry import train_loop_per_worker
 
     res = RunSpec.model_validate(items[0]["run"]).resources
     use_gpu = res.gpus_per_worker > 0
