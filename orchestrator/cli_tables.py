@@ -3,7 +3,7 @@
 Each function takes what a stage returned and gives back something ``Console.print`` shows;
 none of them computes a number (device-hours come from ``orchestrator.plan.throughput``,
 epochs from ``orchestrator.plan.epochs``, memory from ``orchestrator.plan.memory``, the power
-statement from ``orchestrator.report.power``). Stages are imported where a table needs
+statement from ``orchestrator.report.stats.power``). Stages are imported where a table needs
 them: ``qkstudy plan`` must not pay for MLflow, nor ``qkstudy status`` for scipy.
 """
 
@@ -155,11 +155,11 @@ def plan_rows(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: d
 def power_text(n_seeds: int, seed_sd: float, gap: float | None = None) -> str:
     """What a study of ``n_seeds`` seeds can resolve, given a declared spread ``seed_sd`` (std of
     one arm's final loss across seeds, nats): the smallest gap its seed-paired t-test detects
-    at 80% power (``orchestrator.report.power.plan_power``, two-sided 5%), and with ``gap``
+    at 80% power (``orchestrator.report.stats.power.plan_power``, two-sided 5%), and with ``gap``
     the seeds needed to detect that gap. The sd of the paired differences is seed_sd x sqrt 2
     (``diff_sd``: the arms' finals taken as uncorrelated across seeds; pairing by seed can only
     make it smaller, so the figures are conservative)."""
-    from orchestrator.report.power import ALPHA, POWER, diff_sd, plan_power, seeds_needed
+    from orchestrator.report.stats.power import ALPHA, POWER, diff_sd, plan_power, seeds_needed
 
     sd = diff_sd(seed_sd)
     seeds = f"{n_seeds} seed{'' if n_seeds == 1 else 's'}"

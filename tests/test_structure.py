@@ -252,6 +252,55 @@ def test_the_contracts_are_leaves(contract):
     assert module_graph(product_modules())[contract] == set()
 
 
+# The report's statistics are pure functions of the run and metric tables: reading MLflow,
+# writing files and presenting stay in the rest of orchestrator.report.
+STATS, REPORT = "orchestrator.report.stats", "orchestrator.report"
+
+
+def impure_stats_imports(source: str, module: str, is_package: bool = False) -> list[str]:
+    """The imports of a ``orchestrator.report.stats`` module (its ``source``) of MLflow or of a
+    report module outside the package, inside functions and for the type checker too; [] for
+    a module outside the package."""
+    if not _under(module, STATS):
+        return []
+    return [
+        f"{module} imports {name}"
+        for name, _ in imported_modules(source, module, is_package, type_checking=True)
+        if name.split(".")[0] == "mlflow" or (_under(name, REPORT) and not _under(name, STATS))
+    ]
+
+
+def test_the_report_statistics_are_pure():
+    bad = [v for name, (src, is_package) in product_modules().items() for v in impure_stats_imports(src, name, is_package)]
+    assert bad == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import mlflow\n",
+        "def f():\n    from mlflow.tracking import MlflowClient\n",
+        "from orchestrator.report.query import StudyData\n",
+        "from orchestrator.report import tables\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from orchestrator.report.build import Numbers\n",
+    ],
+)
+def test_an_impure_statistics_import_is_caught(source):
+    """Negative controls: a synthetic stats module reading MLflow or a report module outside
+    stats (lazily, or for the type checker only) is named."""
+    assert impure_stats_imports(source, "orchestrator.report.stats.synthetic") == [
+        f"orchestrator.report.stats.synthetic imports {imported_modules(source, 'x', type_checking=True)[-1][0]}"
+    ]
+
+
+def test_pure_statistics_imports_pass():
+    """A stats module may import its siblings and numerical libraries; a report module outside
+    stats may read MLflow."""
+    ok = "\n".join(["import numpy as np", "from orchestrator.report.stats import curves", "from .solve import f", "import scipy"])
+    assert impure_stats_imports(ok, "orchestrator.report.stats.synthetic") == []
+    assert impure_stats_imports("import mlflow\n", "orchestrator.report.query") == []
+
+
 @pytest.mark.parametrize(
     "mods",
     [

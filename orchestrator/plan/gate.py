@@ -45,7 +45,7 @@ class GateSpec(BaseModel):
     variant - reference, nats/token); worse_than (the bound, nats/token, >= 0: a variant
     stops when its paired Δ is above it with its interval excluding zero); currency
     (``tokens`` or ``flops``: the budget both arms of a pair reached, the arm that spent
-    more read on its own eval curve, ``orchestrator.report.currencies``); level (the paired
+    more read on its own eval curve, ``orchestrator.report.stats.currencies``); level (the paired
     t interval's coverage, default 0.95).
     """
 

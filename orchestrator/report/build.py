@@ -1,7 +1,8 @@
 """build_report: MLflow -> figures, tables, markdown, HTML and a JSON summary, atomically.
 
-analyse() computes every number from the study's runs (curves.py, ratio.py, verdict.py,
-scaling.py; gaps.py says what the store lacks); build_report writes them. The whole output
+The study is read from MLflow once (query.py: runs, metric histories, experiment tags, tuning
+runs); analyse() computes every number from it (``report.stats``; gaps.py says what the
+store lacks), the optional parts (``report.parts``) add theirs; build_report writes them. The whole output
 folder is built in a temporary sibling folder and swapped in at the end (output.py), so a
 reader never sees half a report. The same files are then logged as artifacts of the study's one
 report run (report_run.py: kind report, updated by each call; query.py skips such runs).
@@ -22,18 +23,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import currencies, gaps, gate, plots, provenance, recall, render, run_links, startup, tables, time_split, unigram
-from orchestrator.report import curves as C
-from orchestrator.report.claims import paper_claims
+from orchestrator.report import gaps, plots, provenance, render, run_links, tables
 from orchestrator.report.errors import ReportError
 from orchestrator.report.output import GENERATOR, check_out_dir, jsonable, swap_in, write_file
-from orchestrator.report.paired_curve import paired_curves
+from orchestrator.report.parts import PartInput, build_parts
 from orchestrator.report.query import StudyData, query_study
-from orchestrator.report.ratio import token_ratio
 from orchestrator.report.report_run import log_report, open_report_run
-from orchestrator.report.scaling import scaling_analysis
-from orchestrator.report.tuning import tuning_tables
-from orchestrator.report.verdict import holm, paired_differences
+from orchestrator.report.stats import currencies, recall
+from orchestrator.report.stats import curves as C
+from orchestrator.report.stats.claims import paper_claims
+from orchestrator.report.stats.paired_curve import paired_curves
+from orchestrator.report.stats.ratio import token_ratio
+from orchestrator.report.stats.scaling import scaling_analysis
+from orchestrator.report.stats.verdict import holm, paired_differences
 from orchestrator.track.tracking import client_for, redact_uri
 
 DIAGNOSTICS = ("attn/effective_rank", "attn/entropy", "attn/spectral_gap")
@@ -103,32 +105,29 @@ def build_report(
         reference=reference, target=target, expected=expected, n_boot=n_boot, seed=seed, contrasts=list(contrasts) if contrasts else None
     )
     if corpus is None and len(corpora) > 1:
-        return _build_per_corpus(study, tracking_uri, Path(out_dir), corpora, log_to_mlflow=log_to_mlflow, progress=progress, **kw)
+        return _build_per_corpus(data, Path(out_dir), corpora, log_to_mlflow=log_to_mlflow, progress=progress, **kw)
+    if corpus is not None and corpus not in corpora:
+        raise ReportError(f"study {study!r} has no runs on corpus {corpus!r}; corpora: {corpora}")
+    return _build_corpus(data, Path(out_dir), corpus, corpora, log_to_mlflow=log_to_mlflow, progress=progress, **kw)
+
+
+def _build_corpus(
+    data: StudyData, out: Path, corpus: str | None, corpora: list[str], *, log_to_mlflow: bool, progress: Progress, **kw
+) -> dict:
+    """The report of one corpus of ``data`` (None: the study's only one, or it has none) into
+    ``out``: the numbers, the parts, the corpus name on the summary and its scales."""
     if corpus is not None:
-        if corpus not in corpora:
-            raise ReportError(f"study {study!r} has no runs on corpus {corpus!r}; corpora: {corpora}")
         data = _only_corpus(data, corpus)
-        kw["expected"] = [e for e in expected if e.get("corpus", corpus) == corpus] if expected is not None else None
-    progress(f"analysing {study}" + (f" on {corpus}" if corpus else "") + f": {len(data.runs)} runs")
+        kw["expected"] = [e for e in kw["expected"] if e.get("corpus", corpus) == corpus] if kw["expected"] is not None else None
+    progress(f"analysing {data.study}" + (f" on {corpus}" if corpus else "") + f": {len(data.runs)} runs")
     summary, tabs, figures = analyse(data, **kw)
-    _attach_study_sections(summary, tabs, data, corpus, corpus or (corpora[0] if len(corpora) == 1 else None))
-    run_name = f"report-{study}" + (f"-{corpus}" if corpus else "")
-    return _write(summary, tabs, figures, Path(out_dir), data, run_name if log_to_mlflow else None, progress)
-
-
-def _attach_study_sections(summary: dict, tabs: dict, data: StudyData, corpus: str | None, unigram_corpus: str | None) -> None:
-    """Add what the store holds beside the curves: LR tuning, the unigram bar, the gate's
-    stopped arms, the time split, startup, the code the runs came from, and the corpus name."""
-    tabs.update(tuning_tables(data.tracking_uri, data.experiment_id))
-    unigram.attach(summary, tabs, data.tracking_uri, data.experiment_id, unigram_corpus)
-    gate.attach(summary, tabs, data.tracking_uri, data.experiment_id, corpus)  # arms a gated ladder stopped
-    time_split.attach(summary, tabs, data.runs, data.metrics)
-    startup.attach(summary, tabs, data.runs, data.metrics)
-    summary["code"] = provenance.code_summary(data.runs)  # the commit(s) the runs came from
+    build_parts(PartInput(data, summary, tabs, corpus, corpus or (corpora[0] if len(corpora) == 1 else None)))
     if corpus is not None:
         summary["corpus"] = corpus
         for s_ in summary["scales"]:
             s_["corpus"] = corpus
+    run_name = f"report-{data.study}" + (f"-{corpus}" if corpus else "")
+    return _write(summary, tabs, figures, out, data, run_name if log_to_mlflow else None, progress)
 
 
 def _write(
@@ -177,17 +176,20 @@ def _only_corpus(data: StudyData, corpus: str) -> StudyData:
     return dataclasses.replace(data, runs=runs, metrics=data.metrics[data.metrics["run_uuid"].isin(runs["run_uuid"])])
 
 
-def _build_per_corpus(
-    study: str, tracking_uri: str, out: Path, corpora: list[str], *, log_to_mlflow: bool, progress: Progress, **kw
-) -> dict:
-    """One report per corpus under out/<corpus>/ and an index report.md + summary.json; with
-    ``log_to_mlflow`` the whole folder is the artifacts of the study's one report run."""
+def _build_per_corpus(data: StudyData, out: Path, corpora: list[str], *, log_to_mlflow: bool, progress: Progress, **kw) -> dict:
+    """One report per corpus under out/<corpus>/ (each from ``data``: the store is not read
+    again) and an index report.md + summary.json; with ``log_to_mlflow`` the whole folder is
+    the artifacts of the study's one report run."""
+    study = data.study
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ReportError(f"cannot write report folder {out}: {err}") from err
     os.chmod(out, 0o755)
-    parts = {c: build_report(study, tracking_uri, out / c, corpus=c, log_to_mlflow=False, progress=progress, **kw) for c in corpora}
+    parts = {}
+    for c in corpora:
+        check_out_dir(out / c)
+        parts[c] = _build_corpus(data, out / c, c, corpora, log_to_mlflow=False, progress=progress, **kw)
     summary: dict[str, Any] = {
         "generator": GENERATOR,
         "study": study,
@@ -198,10 +200,8 @@ def _build_per_corpus(
     }
     client = run_id = None
     if log_to_mlflow:
-        client = client_for(tracking_uri)
-        exp = client.get_experiment_by_name(study)
-        assert exp is not None  # the corpus reports above read its runs
-        run_id, _, summary["mlflow_not_logged"] = open_report_run(client, exp.experiment_id, f"report-{study}", study)
+        client = client_for(data.tracking_uri)
+        run_id, _, summary["mlflow_not_logged"] = open_report_run(client, data.experiment_id, f"report-{study}", study)
         summary["mlflow_report_run"] = run_id
     write_file(out / "report.md", render.corpus_index(summary))
     write_file(out / "summary.json", json.dumps(jsonable(summary), indent=2))

@@ -8,7 +8,8 @@ report's own: ``currencies.contrast_table`` (equal tokens or equal model FLOPs, 
 spent more read on its own eval curve) and its paired t-test (``verdict.compare``), so the
 gate and the report's "every currency" table cannot disagree. ``plan.gate.stops`` is the rule.
 
-``attach`` reads the stopped arms back from the experiment's tags (``track.gate_record``) and
+``attach`` reads the stopped arms back from the experiment's tags (``track.gate_record``,
+read with the study by ``report.query``; ``report.parts.gate`` is the report's part) and
 marks them in the report: a table of the evidence, and their runs at the larger rungs listed
 as gated (not trained by design), not as missing.
 """
@@ -22,12 +23,11 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.plan.gate import GateEvidence, GateSpec, stops
-from orchestrator.report.currencies import contrast_table
-from orchestrator.report.curves import run_finals
 from orchestrator.report.errors import ReportError
 from orchestrator.report.query import StudyData, query_study
+from orchestrator.report.stats.currencies import contrast_table
+from orchestrator.report.stats.curves import run_finals
 from orchestrator.track.gate_record import gate_ran_from_tags, gates_from_tags
-from orchestrator.track.tracking import client_for
 
 TABLE = "gated"
 COLUMNS = ["corpus", "variant", "stopped_at", "rung", "currency", "bound", "dloss", "low", "high", "n_pairs", "p_value", "not_trained_at"]
@@ -97,7 +97,7 @@ def evidence_table(evidence: list[GateEvidence]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def attach(summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, experiment_id: str, corpus: str | None) -> None:
+def attach(summary: dict, tabs: dict[str, pd.DataFrame], experiment_tags: dict[str, str], corpus: str | None) -> None:
     """Mark the arms the study's gate stopped (of ``corpus``; None: a single-corpus study):
     ``summary["gates"]`` (each arm's evidence and sentence), ``tabs[TABLE]``, and each missing
     run of a stopped arm at a scale it skipped moved from ``summary["runs"]["missing"]`` to
@@ -105,9 +105,8 @@ def attach(summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, expe
     the gate's settings and the rungs it decided after, where the store recorded that it ran
     (``track.gate_record``); a gate that ran and stopped nothing gets the section too (a saving
     of 0). No change for a study without a gate."""
-    tags = client_for(tracking_uri).get_experiment(experiment_id).tags
-    stopped = [e for e in gates_from_tags(tags) if corpus in (None, e.corpus)]
-    ran = gate_ran_from_tags(tags)
+    stopped = [e for e in gates_from_tags(experiment_tags) if corpus in (None, e.corpus)]
+    ran = gate_ran_from_tags(experiment_tags)
     if ran is not None:
         summary["gate"] = ran
     if not stopped and ran is None:

@@ -18,8 +18,8 @@ import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from orchestrator.report.paper import PAPER_NOMINAL_N, PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_variant  # noqa: E402
-from orchestrator.report.recall import THRESHOLDS  # noqa: E402
+from orchestrator.report.stats.paper import PAPER_NOMINAL_N, PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_variant  # noqa: E402
+from orchestrator.report.stats.recall import THRESHOLDS  # noqa: E402
 
 DPI = 110
 
@@ -240,7 +240,7 @@ def scaling(finals: pd.DataFrame, analysis: dict, cmap: dict[str, str], path: Pa
 def _scaling_panel(ax, f: pd.DataFrame, xcol: str, key: str, analysis: dict, cmap: dict[str, str]) -> bool:
     """Seed-mean points per variant (error bars: +-1 std over seeds) and the accepted fits with
     their 95% prediction interval of the seed mean at the measured scales; True when a fit was drawn."""
-    from orchestrator.report.scaling import PowerLawFit
+    from orchestrator.report.stats.scaling import PowerLawFit
 
     drawn = False
     for variant, g in f.groupby("variant"):

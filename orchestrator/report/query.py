@@ -8,7 +8,9 @@ Arrow columns; other databases through SQLAlchemy). For an http MLflow server we
 `search_runs` plus the server's bulk history route (100 runs per request) in a thread pool,
 and per-run `get_metric_history` for any other URI or a server without that route.
 Both paths return the same `StudyData`. Runs tagged `qkstudy.kind` other than "train"
-(e.g. the report's own run) are excluded.
+(e.g. the report's own run) are excluded from its run table. The same read also brings what
+the report's optional parts need (the experiment's tags and the LR-tuning runs with their
+final tuning loss), so building a report reads the store once.
 
 Conventions read here are DESIGN.md "Conventions": experiment = study name, step = tokens.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -46,6 +48,11 @@ class StudyData:
         the NUMERIC_PARAMS as float, and `params.<name>` / `tags.<name>` for the rest.
     metrics: one row per (run_uuid, key, step); columns run_uuid, key, step (int, tokens
         seen), value (float, NaN where MLflow stored NaN), timestamp (ms).
+    experiment_tags: the experiment's tags (the driver's records: unigram baselines, the
+        tuning rule, the gate's decisions; ``track.tracking``, ``track.gate_record``).
+    tuning: the LR-tuning runs (kind ``tune``) as run-table rows, one per ``run_id`` tag (the
+        latest started wins), oldest first; ``status`` is the tag alone (None without one) and
+        ``final_val_loss`` the run's latest ``final/val_loss`` (None when it logged none).
     """
 
     study: str
@@ -53,6 +60,8 @@ class StudyData:
     experiment_id: str
     runs: pd.DataFrame
     metrics: pd.DataFrame
+    experiment_tags: dict[str, str] = field(default_factory=dict)
+    tuning: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def tidy(self) -> pd.DataFrame:
         """One row per (run, metric, step) with the run's columns; runs without metrics keep one row."""
@@ -147,10 +156,14 @@ def _sql_queries(eid: int) -> dict[str, str]:
         "tags": f"SELECT x.run_uuid, x.key, x.value FROM tags x {join}",
         "params": f"SELECT x.run_uuid, x.key, x.value FROM params x {join}",
         "metrics": f"SELECT x.run_uuid, x.key, x.step, x.value, x.timestamp, x.is_nan FROM metrics x {join}",
+        # MLflow's own latest value per (run, key): what a client's run.data.metrics holds
+        "tune_loss": f"SELECT x.run_uuid, x.value, x.is_nan FROM latest_metrics x {join} AND x.key = '{TUNE_LOSS}'",
+        "experiment_tags": f"SELECT key, value FROM experiment_tags WHERE experiment_id = {int(eid)}",
     }
 
 
 EXPERIMENT_SQL = "SELECT experiment_id FROM experiments WHERE name = {p} AND lifecycle_stage = 'active'"
+TUNE_LOSS = "final/val_loss"  # what a tuning run is judged by (orchestrator.plan.tuning)
 
 
 def _read_tables_adbc(path: str, study: str, names: list[str]) -> tuple[int | None, dict[str, pd.DataFrame]]:
@@ -186,7 +199,7 @@ def _read_tables_sqlalchemy(tracking_uri: str, study: str, names: list[str]) -> 
 
 
 def _query_sql(study: str, tracking_uri: str, with_metrics: bool, kinds: tuple[str, ...] = (KIND_TRAIN,)) -> StudyData:
-    names = ["runs", "tags", "params"] + (["metrics"] if with_metrics else [])
+    names = ["runs", "tags", "params", "tune_loss", "experiment_tags"] + (["metrics"] if with_metrics else [])
     path = _sqlite_path(tracking_uri)
     try:
         if path is not None:
@@ -201,14 +214,19 @@ def _query_sql(study: str, tracking_uri: str, with_metrics: bool, kinds: tuple[s
         raise ReportError(f"study {study!r}: no MLflow experiment of that name in {tracking_uri}")
     if t["runs"].empty:  # empty result columns come back untyped (int64), which shaping cannot use
         raise _no_runs(study, tracking_uri)
-    run_table = _run_table(t["runs"], t["tags"], t["params"], kinds)
+    table = _pivoted(t["runs"], t["tags"], t["params"])
+    run_table = _of_kinds(table, kinds)
+    loss = t["tune_loss"]
+    loss = dict(zip(loss["run_uuid"], np.where(loss["is_nan"].astype(bool), np.nan, loss["value"].astype(float))))
+    tuning = _tuning(table, loss)
+    exp_tags = dict(zip(t["experiment_tags"]["key"], t["experiment_tags"]["value"]))
     metrics = t.get("metrics")
     if metrics is None:
         metrics = _empty_metrics()
     else:
         metrics.loc[metrics["is_nan"].astype(bool), "value"] = np.nan
         metrics = metrics.drop(columns="is_nan")
-    return StudyData(study, tracking_uri, str(eid), run_table, _clean_metrics(metrics, run_table))
+    return StudyData(study, tracking_uri, str(eid), run_table, _clean_metrics(metrics, run_table), exp_tags, tuning)
 
 
 # --- client path (http MLflow server, file store) -------------------------------------------
@@ -240,9 +258,12 @@ def _query_client(study: str, tracking_uri: str, with_metrics: bool, kinds: tupl
     )
     tags = pd.DataFrame([(r.info.run_id, k, v) for r in found for k, v in r.data.tags.items()], columns=["run_uuid", "key", "value"])
     params = pd.DataFrame([(r.info.run_id, k, v) for r in found for k, v in r.data.params.items()], columns=["run_uuid", "key", "value"])
-    run_table = _run_table(runs, tags, params, kinds)
+    table = _pivoted(runs, tags, params)
+    run_table = _of_kinds(table, kinds)
+    tuning = _tuning(table, {r.info.run_id: r.data.metrics[TUNE_LOSS] for r in found if TUNE_LOSS in r.data.metrics})
+    exp_tags = dict(exp.tags)
     if not with_metrics:
-        return StudyData(study, tracking_uri, exp.experiment_id, run_table, _empty_metrics())
+        return StudyData(study, tracking_uri, exp.experiment_id, run_table, _empty_metrics(), exp_tags, tuning)
     keep = set(run_table["run_uuid"])
     by_key: dict[str, list[str]] = {}
     for r in found:
@@ -260,7 +281,7 @@ def _query_client(study: str, tracking_uri: str, with_metrics: bool, kinds: tupl
     with ThreadPoolExecutor(max_workers=8) as pool:
         rows = [row for part in pool.map(history, jobs) for row in part]
     metrics = pd.DataFrame(rows, columns=["run_uuid", "key", "step", "value", "timestamp"])
-    return StudyData(study, tracking_uri, exp.experiment_id, run_table, _clean_metrics(metrics, run_table))
+    return StudyData(study, tracking_uri, exp.experiment_id, run_table, _clean_metrics(metrics, run_table), exp_tags, tuning)
 
 
 # MLflow server's bulk history route (used by its own UI): up to 100 runs and 25,000 points
@@ -325,6 +346,11 @@ def _empty_metrics() -> pd.DataFrame:
 def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame, kinds: tuple[str, ...] = (KIND_TRAIN,)) -> pd.DataFrame:
     """Pivot tags and params onto the run rows, type the known ones, keep the runs of ``kinds``
     (a run without a kind tag is a training run of an early version)."""
+    return _of_kinds(_pivoted(runs, tags, params), kinds)
+
+
+def _pivoted(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame) -> pd.DataFrame:
+    """Every run with its tags and params as columns, untyped (``_of_kinds`` types them)."""
     runs, tags = runs.copy(), _bare_names(tags)
     t = tags.pivot(index="run_uuid", columns="key", values="value") if not tags.empty else pd.DataFrame()
     p = params.pivot(index="run_uuid", columns="key", values="value") if not params.empty else pd.DataFrame()
@@ -342,14 +368,36 @@ def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame, kin
         if name not in NUMERIC_PARAMS:
             runs[f"params.{name}"] = p[name].reindex(runs.index)
     runs = runs.reset_index()
-    # The report's own run and any kind not asked for are not data.
     runs["kind"] = runs["kind"].fillna(KIND_TRAIN)
-    runs = runs[runs["kind"].isin(kinds)].copy()
+    return runs
+
+
+def _of_kinds(table: pd.DataFrame, kinds: tuple[str, ...], fill_status: bool = True) -> pd.DataFrame:
+    """The runs of ``kinds`` of a ``_pivoted`` table, typed and sorted; ``fill_status``: a run
+    without a status tag takes MLflow's status."""
+    # The report's own run and any kind not asked for are not data.
+    runs = table[table["kind"].isin(kinds)].copy()
     runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce").astype("Int64")
     runs["extend"] = pd.to_numeric(runs["extend"], errors="coerce").fillna(1.0).astype(float)
-    runs["status"] = runs["status"].fillna(runs["mlflow_status"].str.lower())
+    if fill_status:
+        runs["status"] = runs["status"].fillna(runs["mlflow_status"].str.lower())
     runs["run_name"] = runs["run_name"].fillna("")
     return runs.sort_values(["scale", "variant", "extend", "seed", "run_name"], na_position="last").reset_index(drop=True)
+
+
+def _tuning(table: pd.DataFrame, loss: dict[str, float]) -> pd.DataFrame:
+    """StudyData.tuning from a ``_pivoted`` table and each run's latest tuning loss: of the
+    runs sharing a ``run_id`` tag the latest started is kept (a retried tuning point),
+    in the order MLflow lists them by start time (run id breaks a tie)."""
+    runs = _of_kinds(table, (KIND_TUNE,), fill_status=False)
+    runs = runs.sort_values(["start_time", "run_uuid"], kind="stable")
+    row_of: dict[str, int] = {}  # run_id -> its latest row, in the order the run_ids first appear
+    for i, run_id, uuid in zip(runs.index, runs["run_id"], runs["run_uuid"]):
+        row_of[run_id if isinstance(run_id, str) and run_id else uuid] = i
+    runs = runs.loc[list(row_of.values())].reset_index(drop=True)
+    values = [None if (v := loss.get(u)) is None else float(v) for u in runs["run_uuid"]]  # a float, as MLflow's client gives
+    runs["final_val_loss"] = pd.Series(values, index=runs.index, dtype=object)
+    return runs
 
 
 def _bare_names(tags: pd.DataFrame) -> pd.DataFrame:

@@ -1,29 +1,26 @@
 """The report's content in reading order, as a list of sections (title, text, table, figures).
 
 render.py turns the same list into markdown and HTML, so both always say the same thing.
-One function per section; each reads only the summary and the tables build.py made.
+One function per core section (``CORE``); the optional parts (``report.parts``) draw their
+own, each placed after the section its ``Part.after`` names. Every section reads only the
+summary and the tables build.py made.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import pandas as pd
 
-from orchestrator.report import gate, provenance, recall, run_links, startup, time_split, tuning, unigram
-from orchestrator.report.interval import COVERAGE
-from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
-from orchestrator.report.scaling import CROSSOVER_LIMIT, PI_COVERAGE, SPARE_SCALES
+from orchestrator.report import provenance, run_links
+from orchestrator.report.parts import PARTS, Part
+from orchestrator.report.parts.base import Section
+from orchestrator.report.stats import recall
+from orchestrator.report.stats.interval import COVERAGE
+from orchestrator.report.stats.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO
+from orchestrator.report.stats.scaling import CROSSOVER_LIMIT, PI_COVERAGE, SPARE_SCALES
 
 CONVENTIONS = 'README, "Conventions the numbers depend on"'
-
-
-@dataclass
-class Section:
-    title: str
-    text: list[str] = field(default_factory=list)
-    table: pd.DataFrame | None = None
-    figures: list[str] = field(default_factory=list)
 
 
 def fmt(x, spec=".2f", none="—"):
@@ -52,43 +49,6 @@ def _ci(mid, lo, hi, spec=".3f", unit=""):
 
 def _pm(m, sd, spec):
     return "—" if m is None or m != m else fmt(m, spec) + ("" if sd != sd else f" ± {fmt(sd, spec)}")
-
-
-def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
-    """The report's content in reading order; figures not drawn are dropped from it."""
-    out = [
-        intro(summary),
-        final_ppl(summary, tables),
-        unigram_baseline(summary, tables),
-        paired(summary, tables),
-        every_currency(summary, tables),
-        paper(),
-        paper_claims(tables),
-        token_ratio(summary, tables),
-    ]
-    if "accuracy" in tables:
-        out.append(accuracy(tables))
-    if tuning.TABLE in tables:  # a study with tune: (orchestrator.report.tuning)
-        out.append(Section("Learning-rate tuning", tuning.section_text(tables[tuning.TABLE]), tuning.display(tables[tuning.TABLE])))
-    out += [
-        scaling(summary),
-        stability(tables),
-        cost(summary, tables),
-        time_spent(summary, tables),
-        *([start_up(tables)] if startup.TABLE in tables else []),
-        *([gated_arms(summary, tables[gate.TABLE])] if gate.TABLE in tables else []),
-        problems(summary, tables),
-        missing_inputs(summary),
-        *(
-            [Section("Runs in MLflow", run_links.section_text(summary), run_links.display(summary, tables[run_links.TABLE]))]
-            if run_links.TABLE in tables
-            else []
-        ),
-    ]
-    figs = set(summary.get("figures", []))
-    for s in out:
-        s.figures = [f for f in s.figures if f in figs]
-    return out
 
 
 def intro(summary: dict) -> Section:
@@ -142,12 +102,6 @@ def final_ppl(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
         table,
         ["ppl_vs_tokens.png", "ppl_vs_flops.png", "ppl_vs_wallclock.png"],
     )
-
-
-def unigram_baseline(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
-    entry = summary.get("unigram") or {"recorded": False, "corpus": summary.get("corpus")}
-    table = unigram.display(tables[unigram.TABLE]) if unigram.TABLE in tables else None
-    return Section("Unigram baseline", unigram.section_text(entry), table)
 
 
 def paired(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
@@ -356,7 +310,7 @@ def accuracy(tables: dict[str, pd.DataFrame]) -> Section:
             f"Token ratio at {recall.RATIO_AT:.0%}: the reference's tokens to it over the variant's, "
             f"paired by seed (above 1x: the variant got there sooner), geometric mean with the "
             f"{recall.LEVEL:.0%} t interval on the log ratios; a censored seed makes it a bound without "
-            "an interval (orchestrator/report/recall.py)."
+            "an interval (orchestrator/report/stats/recall.py)."
         )
     return Section("MQAR accuracy", text, table, ["accuracy_vs_tokens.png"])
 
@@ -516,21 +470,6 @@ def cost(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
     return Section("Cost and attention at the planned budget", text, pd.DataFrame(rows) if rows else None)
 
 
-def time_spent(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
-    entry = summary.get("time_split") or {"recorded": False}
-    table = time_split.display(tables[time_split.TABLE]) if time_split.TABLE in tables else None
-    return Section("Where the time went", time_split.section_text(entry), table)
-
-
-def gated_arms(summary: dict, table: pd.DataFrame) -> Section:
-    """The gate's rule, its stopped arms (a table only when it stopped one) and its saving."""
-    return Section("Gated arms", gate.section_text(summary), gate.display(table) if len(table) else None)
-
-
-def start_up(tables: dict[str, pd.DataFrame]) -> Section:
-    return Section("Start-up", startup.section_text(tables[startup.TABLE]), startup.display(tables[startup.TABLE]))
-
-
 def problems(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
     issues = tables["issues"]
     text = (
@@ -542,3 +481,59 @@ def problems(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
 def missing_inputs(summary: dict) -> Section:
     found = [g["text"] for g in summary.get("gaps", [])]
     return Section("Missing inputs", found or ["None: every run has every input the report reads."])
+
+
+def run_links_section(summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
+    """ "Runs in MLflow": a link to every run of the report."""
+    return Section("Runs in MLflow", run_links.section_text(summary), run_links.display(summary, tables[run_links.TABLE]))
+
+
+Draw = Callable[[dict, dict[str, pd.DataFrame]], Section | None]
+
+# The core sections in reading order: (name, draw(summary, tables)); None: not in this report.
+CORE: list[tuple[str, Draw]] = [
+    ("intro", lambda s, t: intro(s)),
+    ("final_ppl", final_ppl),
+    ("paired", paired),
+    ("every_currency", every_currency),
+    ("paper", lambda s, t: paper()),
+    ("paper_claims", lambda s, t: paper_claims(t)),
+    ("token_ratio", token_ratio),
+    ("accuracy", lambda s, t: accuracy(t) if "accuracy" in t else None),
+    ("scaling", lambda s, t: scaling(s)),
+    ("stability", lambda s, t: stability(t)),
+    ("cost", cost),
+    ("problems", problems),
+    ("missing_inputs", lambda s, t: missing_inputs(s)),
+    ("run_links", lambda s, t: run_links_section(s, t) if run_links.TABLE in t else None),
+]
+
+
+def reading_order(parts: list[Part]) -> list[tuple[str, Draw]]:
+    """CORE with each part's section right after the section its ``after`` names, behind the
+    parts placed there before it (in ``parts`` order); ValueError for a part whose ``after``
+    names no section."""
+    order = list(CORE)
+    anchor_of: dict[str, str] = {}
+    left = list(parts)
+    while left:
+        ready = [p for p in left if p.after in [name for name, _ in order]]
+        if not ready:
+            raise ValueError(f"report parts placed after no known section: {[(p.name, p.after) for p in left]}")
+        for p in ready:
+            at = [name for name, _ in order].index(p.after)
+            while at + 1 < len(order) and anchor_of.get(order[at + 1][0]) == p.after:
+                at += 1
+            order.insert(at + 1, (p.name, p.section))
+            anchor_of[p.name] = p.after
+        left = [p for p in left if p not in ready]
+    return order
+
+
+def sections(summary: dict, tables: dict[str, pd.DataFrame]) -> list[Section]:
+    """The report's content in reading order; figures not drawn are dropped from it."""
+    out = [s for _, draw in reading_order(PARTS) if (s := draw(summary, tables)) is not None]
+    figs = set(summary.get("figures", []))
+    for s in out:
+        s.figures = [f for f in s.figures if f in figs]
+    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.paper import paper_ppl
+from orchestrator.report.stats.paper import paper_ppl
 
 FINAL_COLUMNS = [
     "scale",

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.report.claims import CANNOT_TELL, CONTRADICTS, REPRODUCES, SOLVED, decide, paper_claims, variance_ratio
-from orchestrator.report.verdict import holm
+from orchestrator.report.stats.claims import CANNOT_TELL, CONTRADICTS, REPRODUCES, SOLVED, decide, paper_claims, variance_ratio
+from orchestrator.report.stats.verdict import holm
 from tests.synthetic_study import SyntheticStudy, finals_frame
 
 EMPTY_METRICS = pd.DataFrame(columns=["run_uuid", "key", "step", "value"])
@@ -68,7 +68,7 @@ def _finals(study: SyntheticStudy) -> pd.DataFrame:
 
 def test_a_study_like_the_paper_reproduces_and_one_against_it_contradicts():
     like = SyntheticStudy(variants={"standard": 1.0, "coupled": 2.4, "uncoupled_mlp": 1.2}, scales={"xs": 2e6}, seed_shared=0.05)
-    from orchestrator.report.ratio import token_ratio
+    from orchestrator.report.stats.ratio import token_ratio
 
     f = _finals(like)
     ratios = [token_ratio("xs", "coupled", "standard", f).to_dict()]

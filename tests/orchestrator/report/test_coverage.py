@@ -1,5 +1,5 @@
 """Coverage of the token ratio's 95% interval at realistic seed noise (the simulation its
-docstring cites; orchestrator/report/interval.py).
+docstring cites; orchestrator/report/stats/interval.py).
 
 Each repetition draws fresh synthetic finals with a known ratio (tests.synthetic_study:
 finals_frame, the same law and noise model as the stores the other tests write) and runs the
@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.report.interval import COVERAGE
-from orchestrator.report.ratio import token_ratio
-from orchestrator.report.solve import solve_tokens_batch
+from orchestrator.report.stats.interval import COVERAGE
+from orchestrator.report.stats.ratio import token_ratio
+from orchestrator.report.stats.solve import solve_tokens_batch
 from tests.synthetic_study import SyntheticStudy, finals_frame
 
 pytestmark = pytest.mark.slow

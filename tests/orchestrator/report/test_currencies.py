@@ -18,9 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.report import curves as C
-from orchestrator.report.currencies import contrast_table, decomposition, matched_currency, with_defaults
 from orchestrator.report.query import query_study
+from orchestrator.report.stats import curves as C
+from orchestrator.report.stats.currencies import contrast_table, decomposition, matched_currency, with_defaults
 from tests.helpers import mlflow_store
 from tests.synthetic_study import SyntheticStudy
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from orchestrator.report import build_report, recall
+from orchestrator.report import build_report
+from orchestrator.report.stats import recall
 from tests import published
 from tests.helpers import REPO, qk
 from tests.published import Quote, assert_shared_tables_equal, unzip_store

@@ -1,5 +1,5 @@
 """Coverage of the scaling fit's 95% prediction interval (the simulation scaling.PI_COVERAGE
-states; orchestrator/report/scaling.py).
+states; orchestrator/report/stats/scaling.py).
 
 Each repetition draws a 5-rung study from a known law L = E + A (N/x0)^-alpha (rungs 1e6 to
 1e8, the seed noise of CPU studies' well-converged rungs, 0.01 nats) and runs the real code
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.report.scaling import PI_COVERAGE, scaling_analysis
+from orchestrator.report.stats.scaling import PI_COVERAGE, scaling_analysis
 from tests.orchestrator.report.test_scaling import REF, _finals, _law
 
 pytestmark = pytest.mark.slow

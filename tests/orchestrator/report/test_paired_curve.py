@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from orchestrator.report import plots
-from orchestrator.report.paired_curve import COLUMNS, FINAL, INTERPOLATED, SAME_STEP, paired_curves
-from orchestrator.report.verdict import paired_differences
+from orchestrator.report.stats.paired_curve import COLUMNS, FINAL, INTERPOLATED, SAME_STEP, paired_curves
+from orchestrator.report.stats.verdict import paired_differences
 
 SCALES = ("xs", "s")
 STEPS = np.arange(1, 21) * 100_000.0  # the reference's eval steps (tokens)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from orchestrator.report.power import diff_sd, min_detectable_effect, paired_power, paired_verdict, plan_power, seeds_needed
+from orchestrator.report.stats.power import diff_sd, min_detectable_effect, paired_power, paired_verdict, plan_power, seeds_needed
 
 VAR = {0: 3.10, 1: 3.05, 2: 3.12}
 REF = {0: 3.20, 1: 3.18, 2: 3.19}

@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.report.scaling import PowerLawFit, crossover_scale, fit_power_law
-from orchestrator.report.solve import curve_crossing, solve_tokens
+from orchestrator.report.stats.scaling import PowerLawFit, crossover_scale, fit_power_law
+from orchestrator.report.stats.solve import curve_crossing, solve_tokens
 
 
 def _ppl(tokens, k=1.0):
@@ -81,7 +81,7 @@ def _finals(study, scale, rng):
 
 def test_interval_covers_truth_at_nominal_rate_with_three_seeds():
     """The quick check; the coverage simulation at realistic noise is test_coverage.py."""
-    from orchestrator.report.ratio import token_ratio
+    from orchestrator.report.stats.ratio import token_ratio
     from tests.synthetic_study import SyntheticStudy
 
     study = SyntheticStudy(scales={"xs": 2e6}, seeds=(0, 1, 2))
@@ -98,7 +98,7 @@ def test_interval_ends_carry_the_side_they_are_censored_on():
     """A variant far worse than the reference's x1 run: equal loss is rejected at every measured
     length, so the set lies below the range and both ends are upper bounds ('<'), never '>'
     (the reference's longest run reached it easily)."""
-    from orchestrator.report.ratio import token_ratio
+    from orchestrator.report.stats.ratio import token_ratio
     from tests.synthetic_study import SyntheticStudy
 
     study = SyntheticStudy(scales={"xs": 2e6}, seeds=(0, 1, 2), variants={"standard": 1.0, "worse": 0.5})
@@ -118,7 +118,7 @@ def test_interior_interval_end_is_not_marked_censored():
     standard's x1 run, so the interval's lower end is censored below; its upper end is inside
     the measured range and must print as a plain number (a bootstrap version once printed
     '>1.49' because some draw beyond it was censored)."""
-    from orchestrator.report.ratio import token_ratio
+    from orchestrator.report.stats.ratio import token_ratio
 
     ppl = {
         ("coupled", 1.0): [165.408, 164.773, 126.361],
@@ -149,7 +149,7 @@ def test_interior_interval_end_is_not_marked_censored():
 
 
 def test_single_run_estimate_is_flagged_when_it_disagrees_with_the_extend_estimate():
-    from orchestrator.report.ratio import Estimate, RatioResult, single_run_disagreement
+    from orchestrator.report.stats.ratio import Estimate, RatioResult, single_run_disagreement
 
     def result(extend, interval, single):
         r = RatioResult("xs", "v", "standard", extend, single_run=single)
@@ -174,7 +174,7 @@ def test_single_run_estimate_reads_the_curve_at_the_variants_last_curve_point():
     """The curve is measured on the eval windows; the final pass averages more windows, so the
     variant's final perplexity (12 here) is not the level to look for on the reference's curve:
     its last curve point (10) is. The reference's curve reaches 10 at 2.5e5 tokens (12 at 2e5)."""
-    from orchestrator.report.ratio import token_ratio
+    from orchestrator.report.stats.ratio import token_ratio
 
     d_c = 1e5
     rows = [

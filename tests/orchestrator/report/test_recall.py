@@ -1,4 +1,4 @@
-"""Tokens to an MQAR accuracy and the seed-paired token ratio at one (orchestrator/report/recall.py),
+"""Tokens to an MQAR accuracy and the seed-paired token ratio at one (orchestrator/report/stats/recall.py),
 on synthetic curves with known answers."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.report.recall import accuracy_ratio, crossing_column, display_ratio, seed_crossings, tokens_to
+from orchestrator.report.stats.recall import accuracy_ratio, crossing_column, display_ratio, seed_crossings, tokens_to
 
 COL = crossing_column(0.9)
 

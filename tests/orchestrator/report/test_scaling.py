@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.report.scaling import PowerLawFit, crossover_scale, scaling_analysis
 from orchestrator.report.sections import scaling
+from orchestrator.report.stats.scaling import PowerLawFit, crossover_scale, scaling_analysis
 
 X0 = 1e7
 REF, VAR = (2.0, 3.0, 0.3), (2.1, 2.6, 0.3)  # (E, A, alpha): VAR is better below ~1e9, worse above

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from orchestrator.report import startup
+from orchestrator.report.parts import startup
 from orchestrator.track.timeline import PREFIX, TOTAL
 
 

@@ -9,7 +9,7 @@ import math
 import pandas as pd
 import pytest
 
-from orchestrator.report import time_split
+from orchestrator.report.parts import time_split
 
 
 def _frames(splits: dict[str, tuple[str, dict[str, float]]]) -> tuple[pd.DataFrame, pd.DataFrame]:

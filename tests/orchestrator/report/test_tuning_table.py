@@ -3,7 +3,7 @@
 import math
 
 from orchestrator.plan.tuning import TuningResult
-from orchestrator.report.tuning import display, section_text, tuning_table
+from orchestrator.report.parts.tuning import display, section_text, tuning_table
 
 
 def _results():

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from orchestrator.report.verdict import compare, paired_differences
+from orchestrator.report.stats.verdict import compare, paired_differences
 
 TRUE_DLOSS = -0.05  # variant minus reference, nats
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from orchestrator.report.power import paired_verdict
+from orchestrator.report.stats.power import paired_verdict
 
 COLUMNS = [
     "scale",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from orchestrator.report.parts.base import PartInput, Section
 from orchestrator.track.timeline import PREFIX, SECTIONS, TOTAL
 
 TABLE = "startup"
@@ -83,3 +84,22 @@ def attach(summary: dict, tabs: dict[str, pd.DataFrame], runs: pd.DataFrame, met
     totals = table[table["section"] == "total"]
     summary["startup"] = {r.runs_from: {"runs": int(r.runs), "median_s": r.median_s, "max_s": r.max_s} for r in totals.itertuples()}
     tabs[TABLE] = table
+
+
+class StartupPart:
+    """Seconds to each run's first optimizer step (``attach``), read after the time split."""
+
+    name, after = TABLE, "time_split"
+
+    def build(self, given: PartInput) -> None:
+        """Add the start-up of the report's runs (``attach``)."""
+        attach(given.summary, given.tables, given.data.runs, given.data.metrics)
+
+    def section(self, summary: dict, tables: dict[str, pd.DataFrame]) -> Section | None:
+        """ "Start-up"; None when no run logged a timeline."""
+        if TABLE not in tables:
+            return None
+        return Section("Start-up", section_text(tables[TABLE]), display(tables[TABLE]))
+
+
+PART = StartupPart()

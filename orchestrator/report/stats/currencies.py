@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.curves import PPL
-from orchestrator.report.verdict import compare
+from orchestrator.report.stats.curves import PPL
+from orchestrator.report.stats.verdict import compare
 
 CURRENCIES = {"tokens": "equal tokens", "flops": "equal model FLOPs", "wall_s": "equal wall-clock"}
 MATCH_TOL = 0.01  # relative: budgets this close count as matched

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.curves import PPL
-from orchestrator.report.verdict import compare
+from orchestrator.report.stats.curves import PPL
+from orchestrator.report.stats.verdict import compare
 
 COLUMNS = ["scale", "corpus", "variant", "tokens", "n_pairs", "dloss", "low", "high", "p_value", "point", "read"]
 SAME_STEP, INTERPOLATED, FINAL = "same step", "interpolated", "final pass"

@@ -3,7 +3,8 @@
 Why: a study with ``tune:`` trains every (variant, scale) at the grid's argmin of tuning
 val loss (``orchestrator.plan.tuning.choose_lr``); the report shows the grid it chose from,
 the chosen LR, and flags a best LR at an end of the grid (the optimum may lie outside it).
-The choice is recomputed here from the tuning runs MLflow holds (kind ``tune``) with the
+The choice is recomputed here from the tuning runs MLflow holds (kind ``tune``, read by
+``report.query``) with the
 same function the runner used, so the table and the trained LRs cannot disagree: a study
 whose driver recorded its rule (the experiment tag ``qkstudy.tune``: initial grid, seeds,
 per-corpus arms) is chosen by it, with its corpora's unigram perplexities as the bar, and
@@ -20,31 +21,34 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.plan.tuning import KIND, ArmKey, LrChoice, TuningResult, arm_key, choose_lr
-from orchestrator.track.tracking import client_for, find_train_runs, run_status, run_tags, tune_from_tags, unigram_from_tags
+from orchestrator.plan.tuning import ArmKey, LrChoice, TuningResult, arm_key, choose_lr
+from orchestrator.report.parts.base import PartInput, Section
+from orchestrator.report.query import StudyData
+from orchestrator.track.tracking import STATUS_QUEUED, tune_from_tags, unigram_from_tags
 
 TABLE = "tuning"
 
 
-def tuning_results(tracking_uri: str, experiment_id: str) -> list[TuningResult]:
-    """Every tuning run of the experiment as a `TuningResult` (lr from its ``lr`` param, val
-    loss from ``final/val_loss``, status and corpus from its tags)."""
-    client = client_for(tracking_uri)
-    out = []
-    for rec in find_train_runs(client, experiment_id, KIND).values():
-        t, p = run_tags(rec.data.tags), rec.data.params
-        out.append(
-            TuningResult(
-                t.get("variant", ""),
-                t.get("scale", ""),
-                float(p["lr"]),
-                int(t.get("seed", 0)),
-                rec.data.metrics.get("final/val_loss"),
-                run_status(rec),
-                t.get("corpus", ""),
-            )
+def tuning_results(runs: pd.DataFrame) -> list[TuningResult]:
+    """Every tuning run (``StudyData.tuning``) as a `TuningResult` (lr from its ``lr`` param,
+    val loss its latest ``final/val_loss``, status and corpus from its tags)."""
+    return [
+        TuningResult(
+            _text(r["variant"]),
+            _text(r["scale"]),
+            float(r["params.lr"]),
+            0 if pd.isna(r["seed"]) else int(r["seed"]),
+            r["final_val_loss"],
+            _text(r["status"]) or STATUS_QUEUED,
+            _text(r["corpus"]),
         )
-    return out
+        for _, r in runs.iterrows()
+    ]
+
+
+def _text(x: object) -> str:
+    """A tag's value, '' for none."""
+    return x if isinstance(x, str) else ""
 
 
 def tuning_table(
@@ -100,13 +104,13 @@ def _ruled_row(c: LrChoice, columns: list[float], n_seeds: int, per_corpus: bool
     return row
 
 
-def tuning_tables(tracking_uri: str, experiment_id: str) -> dict[str, pd.DataFrame]:
-    """``{"tuning": table}`` when the study has tuning runs, else ``{}`` (build.py merges it
-    into the report's tables); chosen by the driver's recorded rule when the experiment holds
-    one (``qkstudy.tune``), with its corpora's unigram perplexities as the bar."""
-    tags = client_for(tracking_uri).get_experiment(experiment_id).tags
+def tuning_tables(data: StudyData) -> dict[str, pd.DataFrame]:
+    """``{"tuning": table}`` when the study has tuning runs, else ``{}``; chosen by the
+    driver's recorded rule when the experiment holds one (``qkstudy.tune``), with its
+    corpora's unigram perplexities as the bar."""
+    tags = data.experiment_tags
     unigram = {c: float(u["val_ppl"]) for c, u in unigram_from_tags(tags).items()}
-    table = tuning_table(tuning_results(tracking_uri, experiment_id), tune_from_tags(tags), unigram)
+    table = tuning_table(tuning_results(data.tuning), tune_from_tags(tags), unigram) if len(data.tuning) else pd.DataFrame()
     return {TABLE: table} if len(table) else {}
 
 
@@ -159,3 +163,22 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         out[col] = out[col].map(f)
     out["chosen_lr"] = out["chosen_lr"].map(lambda x: "—" if x is None or x != x else format(x, "g"))
     return out
+
+
+class TuningPart:
+    """The LR grid each arm was chosen from (``tuning_tables``), read after the accuracy section."""
+
+    name, after = TABLE, "accuracy"
+
+    def build(self, given: PartInput) -> None:
+        """Add the ``tuning`` table when the study has tuning runs."""
+        given.tables.update(tuning_tables(given.data))
+
+    def section(self, summary: dict, tables: dict[str, pd.DataFrame]) -> Section | None:
+        """ "Learning-rate tuning": the grid, the choice and its edges; None without tuning runs."""
+        if TABLE not in tables:
+            return None
+        return Section("Learning-rate tuning", section_text(tables[TABLE]), display(tables[TABLE]))
+
+
+PART = TuningPart()

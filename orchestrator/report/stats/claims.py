@@ -23,7 +23,7 @@ one). Its MQAR claim is tested instead (``mqar_claims``): "coupled recalls perfe
 as final accuracy above SOLVED (a t interval over seeds; the paper prints no decimals, so an
 interval above 99% reproduces it and one below contradicts it), and the sample-efficiency
 direction at recall: coupled reaches 90% accuracy on fewer tokens than standard (the
-seed-paired token ratio at 90%, orchestrator/report/recall.py; the paper gives no MQAR number,
+seed-paired token ratio at 90%, orchestrator/report/stats/recall.py; the paper gives no MQAR number,
 so direction only). The effective-rank claim is tested on either corpus.
 """
 
@@ -36,10 +36,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from orchestrator.report import recall
-from orchestrator.report.curves import ATTENTION_KEYS, last_value
-from orchestrator.report.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_scale, paper_variant
-from orchestrator.report.power import paired_verdict
+from orchestrator.report.stats import recall
+from orchestrator.report.stats.curves import ATTENTION_KEYS, last_value
+from orchestrator.report.stats.paper import PAPER_PPL, PAPER_SEED_STD, PAPER_TOKEN_RATIO, paper_scale, paper_variant
+from orchestrator.report.stats.power import paired_verdict
 
 REPRODUCES, CONTRADICTS, CANNOT_TELL = "reproduces", "contradicts", "cannot tell"
 SOLVED = 0.99  # "perfect" MQAR recall: final accuracy above this (the paper prints no decimals)

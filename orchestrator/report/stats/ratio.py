@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.interval import Runs, ratio_interval
-from orchestrator.report.solve import curve_crossing, solve_tokens
+from orchestrator.report.stats.interval import Runs, ratio_interval
+from orchestrator.report.stats.solve import curve_crossing, solve_tokens
 
 
 @dataclass

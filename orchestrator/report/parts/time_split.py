@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.report.parts.base import PartInput, Section
+
 TABLE = "time_split"
 SECTIONS = ("startup", "step", "eval", "checkpoint")
 KEYS = {"elapsed": "time/elapsed_s", **{s: f"time/{s}_s" for s in SECTIONS}}
@@ -130,3 +132,21 @@ def attach(summary: dict, tabs: dict[str, pd.DataFrame], runs: pd.DataFrame, met
     summary["time_split"] = summary_entry(table, len(finished))
     if table is not None:
         tabs[TABLE] = table
+
+
+class TimeSplitPart:
+    """Worker seconds in and outside optimizer steps (``attach``), read after the cost section."""
+
+    name, after = TABLE, "cost"
+
+    def build(self, given: PartInput) -> None:
+        """Add the split of the report's runs (``attach``)."""
+        attach(given.summary, given.tables, given.data.runs, given.data.metrics)
+
+    def section(self, summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
+        """ "Where the time went", or that the runs recorded no split."""
+        entry = summary.get("time_split") or {"recorded": False}
+        return Section("Where the time went", section_text(entry), display(tables[TABLE]) if TABLE in tables else None)
+
+
+PART = TimeSplitPart()

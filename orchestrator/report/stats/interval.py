@@ -59,7 +59,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from orchestrator.report.solve import monotone_curve
+from orchestrator.report.stats.solve import monotone_curve
 
 # Measured coverage of the nominal 95% interval, (seed std of final loss in nats, seeds,
 # true ratio) -> fraction of 400 repetitions covering it (module docstring; test_coverage.py

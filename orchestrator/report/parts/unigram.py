@@ -16,20 +16,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.track.tracking import client_for, unigram_from_tags
+from orchestrator.report.parts.base import PartInput, Section
+from orchestrator.track.tracking import unigram_from_tags
 
 TABLE = "unigram"
 NOT_RECORDED = "unigram perplexity not recorded"
 COLUMNS = ["scale", "variant", "final_ppl", "worst_seed_ppl", "unigram_ppl", "ppl_over_unigram", "worst_seed_over_unigram", "n_seeds"]
 
 
-def recorded(tracking_uri: str, experiment_id: str, corpus: str | None) -> dict[str, Any] | None:
+def recorded(experiment_tags: dict[str, str], corpus: str | None) -> dict[str, Any] | None:
     """``{"val_ppl", "val_tokens"}`` of ``corpus`` from the experiment's tags, or None (no
     corpus tag on the runs, or a store from before the tags)."""
     if corpus is None:
         return None
-    tags = client_for(tracking_uri).get_experiment(experiment_id).tags
-    return unigram_from_tags(tags).get(corpus)
+    return unigram_from_tags(experiment_tags).get(corpus)
 
 
 def unigram_table(final: pd.DataFrame, runs: pd.DataFrame, unigram_ppl: float) -> pd.DataFrame:
@@ -121,11 +121,11 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def attach(summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, experiment_id: str, corpus: str | None) -> None:
+def attach(summary: dict, tabs: dict[str, pd.DataFrame], experiment_tags: dict[str, str], corpus: str | None) -> None:
     """Add the baseline of one corpus's report: ``summary["unigram"]`` (``summary_entry``),
     ``unigram_ppl`` and ``ppl_over_unigram`` {variant: ratio} on every scale entry (None and
     {} when not recorded), and the ``unigram`` table when recorded."""
-    stat = recorded(tracking_uri, experiment_id, corpus)
+    stat = recorded(experiment_tags, corpus)
     table = None if stat is None else unigram_table(tabs["final_ppl"], tabs["runs"], stat["val_ppl"])
     summary["unigram"] = summary_entry(corpus, stat, table)
     for s_ in summary["scales"]:
@@ -134,3 +134,21 @@ def attach(summary: dict, tabs: dict[str, pd.DataFrame], tracking_uri: str, expe
         s_["ppl_over_unigram"] = {r.variant: r.ppl_over_unigram for r in rows}
     if table is not None:
         tabs[TABLE] = table
+
+
+class UnigramPart:
+    """The corpus's unigram bar beside the finals (``attach``), read after the final perplexities."""
+
+    name, after = TABLE, "final_ppl"
+
+    def build(self, given: PartInput) -> None:
+        """Add the baseline of the report's corpus (``attach``)."""
+        attach(given.summary, given.tables, given.data.experiment_tags, given.unigram_corpus)
+
+    def section(self, summary: dict, tables: dict[str, pd.DataFrame]) -> Section:
+        """ "Unigram baseline": the bar and the arms above half of it, or that it is not recorded."""
+        entry = summary.get("unigram") or {"recorded": False, "corpus": summary.get("corpus")}
+        return Section("Unigram baseline", section_text(entry), display(tables[TABLE]) if TABLE in tables else None)
+
+
+PART = UnigramPart()
