@@ -97,9 +97,15 @@ def _under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _is_shared_run(module: str) -> bool:
+    """A module of ``orchestrator/run/`` itself: what the driver and the workers both use."""
+    return _under(module, "orchestrator.run") and not (_under(module, WORKER) or _under(module, DRIVER))
+
+
 def violations(source: str, module: str, is_package: bool = False) -> list[str]:
-    """The imports of ``module`` (its ``source``) that its stage may not make, and a worker-side
-    module's imports of the driver side."""
+    """The imports of ``module`` (its ``source``) that its stage may not make, a worker-side
+    module's imports of the driver side, and a shared ``orchestrator.run`` module's imports of
+    either side."""
     own = stage(module)
     if own == "orchestrator":
         return []
@@ -107,6 +113,11 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
         f"{module} imports {name} (worker code never imports the driver's)"
         for name, _ in imported_modules(source, module, is_package)
         if _under(module, WORKER) and _under(name, DRIVER)
+    ]
+    bad += [
+        f"{module} imports {name} (a module both sides use imports neither side)"
+        for name, _ in imported_modules(source, module, is_package)
+        if _is_shared_run(module) and (_under(name, WORKER) or _under(name, DRIVER))
     ]
     for name, _ in imported_modules(source, module, is_package):
         other = stage(name)
@@ -208,7 +219,25 @@ def test_a_forbidden_import_is_caught(module, source):
 
 def test_the_driver_may_import_the_worker_side():
     assert violations("from orchestrator.run.worker.loop import train_loop_per_worker\n", "orchestrator.run.driver.packing") == []
-    assert violations("from orchestrator.run.ckpt_format import CKPT_TAG\n", "orchestrator.run.worker.loop") == []
+    assert violations("from orchestrator.run.checkpoint import CKPT_TAG\n", "orchestrator.run.worker.loop") == []
+
+
+@pytest.mark.parametrize(
+    "module,source",
+    [
+        ("orchestrator.run.final_weights", "from orchestrator.run.worker.evaluate import eval_sums\n"),
+        ("orchestrator.run.checkpoint", "def f():\n    from .driver import packing\n"),
+        ("orchestrator.run", "from orchestrator.run.worker import loop\n"),
+    ],
+)
+def test_a_shared_run_module_importing_a_side_is_caught(module, source):
+    """Negative controls: a shared module of ``orchestrator/run/`` (one lazily and relatively,
+    one the package itself) imports the worker's or the driver's side."""
+    assert len(violations(source, module, is_package=module == "orchestrator.run")) == 1
+
+
+def test_shared_run_modules_may_import_each_other():
+    assert violations("from orchestrator.run.evaluate import eval_sums\n", "orchestrator.run.final_weights") == []
 
 
 def test_allowed_imports_pass():

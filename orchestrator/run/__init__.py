@@ -7,5 +7,6 @@ retries; the worker loop owns the model, the engine and the MLflow writes of ran
 
 The process boundary is the layout: ``driver/`` runs in the study's driver and the Ray tasks it
 starts, ``worker/`` inside the Ray Train workers (it never imports ``driver/``), and the modules
-here serve both: the progress board, the checkpoint format, final weights, torch-extension locks.
+here serve both and import neither: the progress board, checkpoints (format and resume),
+validation sums, final weights, the handoff of a pack's runs, fault points, torch-extension locks.
 """

@@ -41,7 +41,7 @@ from mlflow.exceptions import MlflowException
 from safetensors.torch import load_file, save_file
 
 from model import GPT, ModelConfig
-from orchestrator.run.worker.evaluate import eval_sums
+from orchestrator.run.evaluate import eval_sums
 from orchestrator.track.publish import is_published
 from orchestrator.track.tracking import client_for
 

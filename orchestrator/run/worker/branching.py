@@ -6,7 +6,7 @@ only a pack's latest checkpoints (``num_to_keep``), so the trunk saves, after ea
 ``branch_points``, a copy of its engine checkpoint to ``<storage>/branch_points/<trunk
 run_id>/step-<b>`` that Ray never prunes (every rank writes its shard into a ``.partial``
 folder, rank 0 renames it once all have: a reader never sees half a checkpoint). A branch
-without a checkpoint of its own restores that folder weights-only (``run.worker.checkpoint``), takes
+without a checkpoint of its own restores that folder weights-only (``run.worker.safe_load``), takes
 the LR of step b from its own schedule (the trunk's scheduler state holds the trunk's), and
 copies the trunk's MLflow history up to b x tokens_per_step into its own run, so every
 branch's curve starts at token 0. The folders of a trunk are deleted once every run of its
@@ -15,7 +15,7 @@ family finished (``release_branch_points``, called when the family's pack ends).
 Branch points live on a filesystem path (the study's ``storage_path``, shared by the
 workers of a multi-node cluster); a URI storage (``s3://``) is refused with a clear error.
 
-Verification: a branch point is a checkpoint like any other (``run.ckpt_format``): every rank
+Verification: a branch point is a checkpoint like any other (``run.checkpoint``): every rank
 saves its share into a folder of its own with its manifest, then moves it into the
 ``.partial`` folder. A branch verifies it (every rank its own share, agreed by an all-reduce)
 before it loads anything, and when it is torn (a file truncated, changed or missing, a rank's
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plan.contract import RunSpec
-from orchestrator.run.ckpt_format import has_manifest, merge_share, read_state, save_share, verify_share
+from orchestrator.run.checkpoint import has_manifest, merge_share, read_state, save_share, verify_share
 
 BRANCH_DIR = "branch_points"
 BRANCH_POINT_KEY = "branch_point"  # key in restore_branch_point's state, and the MLflow tag's bare name (tracking.tag)
@@ -71,7 +71,7 @@ def branch_point_dir(storage_path: str, trunk_run_id: str, step: int) -> Path:
 def save_branch_point(engine: Any, final: Path, state: dict[str, Any], rank: int, world: int, barrier: Callable[[], object]) -> None:
     """Every rank saves its DeepSpeed shard of ``engine`` with its manifest into a folder of
     its own inside ``final``'s ``.partial`` sibling and moves it into that folder
-    (``ckpt_format.save_share`` / ``merge_share``); rank 0 also writes the loop ``state`` and,
+    (``run.checkpoint.save_share`` / ``merge_share``); rank 0 also writes the loop ``state`` and,
     once every rank's share is in, renames the folder to ``final``. Collective (``barrier``
     syncs the ``world`` ranks). An existing ``final`` (a trunk resumed past the step) is kept
     as it is. Raises what DeepSpeed's save raises, FileExistsError when two ranks wrote the

@@ -3,10 +3,12 @@
 Each worker builds the run's model, wraps it in a DeepSpeed engine (ZeRO stage from the
 spec), and trains exactly ``RunSpec.steps`` optimizer steps over the loader's global batches,
 taking its rank's slice. Rank 0 alone talks to MLflow, through the run's ``Recorder``
-(``run.worker.recorder``: batched ``log_batch``, step = tokens seen). Checkpoints (layout and
-manifests: ``run.ckpt_format``): every rank saves its own DeepSpeed shard into one directory with the
-loop state (step, wall time, MLflow run id) and ``ray.train.report`` merges them into one Ray
-Train checkpoint on the study's storage. On a restart (a worker retried by Ray's
+(``run.worker.recorder``: batched ``log_batch``, step = tokens seen). When it evaluates and
+checkpoints is the cadence objects' to say (``run.worker.cadence``), so the loop itself reads
+as one short while-loop. Checkpoints (layout and manifests: ``run.checkpoint``): every rank
+saves its own DeepSpeed shard into one directory with the loop state (step, wall time, MLflow
+run id) and ``ray.train.report`` merges them into one Ray Train checkpoint on the study's
+storage. On a restart (a worker retried by Ray's
 FailureConfig, or the study resubmitted under the same run name) the loop loads the latest
 checkpoint itself and continues the same MLflow run; points at steps already in MLflow are
 dropped, so no step is logged twice. A non-finite loss or gradient norm ends the run as
@@ -35,9 +37,12 @@ from typing import Any
 import torch
 
 from orchestrator.plan.contract import RunSpec
-from orchestrator.run.ckpt_format import CKPT_TAG, save_share
+from orchestrator.run import faults
+from orchestrator.run.checkpoint import CKPT_TAG, FALLBACK_KEY, save_share
+from orchestrator.run.evaluate import eval_sums, val_metrics
 from orchestrator.run.ext_lock import pin_ninja, sweeping
 from orchestrator.run.final_weights import save_final_weights
+from orchestrator.run.pack_item import PackItem
 from orchestrator.run.worker.branching import (
     BRANCH_POINT_KEY,
     branch_point_dir,
@@ -45,10 +50,10 @@ from orchestrator.run.worker.branching import (
     restore_branch_point,
     save_branch_point,
 )
-from orchestrator.run.worker.evaluate import eval_sums, val_metrics
+from orchestrator.run.worker.cadence import CheckpointCadence, EvalCadence
 from orchestrator.run.worker.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
 from orchestrator.run.worker.recorder import NodePlace, Recorder, node_place
-from orchestrator.run.worker.stall import StepHook, WorkerGuard, block_hook_from_env, chain_hooks, kill_hook_from_env, worker_log
+from orchestrator.run.worker.stall import WorkerGuard, worker_log
 from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import STATUS_FAILED, STATUS_FINISHED, client_for, run_status
 
@@ -68,7 +73,7 @@ class _Dist:
 
 class RunLoop:
     """One worker's share of a run. ``rank``/``world_size`` come from the Ray Train context;
-    ``step_hook`` (fault injection in tests) runs before every optimizer step when given;
+    ``step_hook`` (fault injection in tests, ``run.faults``) runs before every optimizer step when given;
     ``data_hash`` is the prepared data's content hash (a checkpoint of the same run on other
     data is never resumed); ``guard`` the process's watchdog (``run.worker.stall``; none: unwatched);
     ``storage_path`` the study's storage (branch points of ``protocol: branches``, ``run.worker.branching``);
@@ -84,7 +89,7 @@ class RunLoop:
         rank: int,
         world_size: int,
         board: str | None = None,
-        step_hook: StepHook | None = None,
+        step_hook: faults.StepHook | None = None,
         data_hash: str | None = None,
         guard: WorkerGuard | None = None,
         storage_path: str = "",
@@ -99,6 +104,7 @@ class RunLoop:
         self.dist = _Dist()
         self.on_gpu = torch.cuda.is_available() and run.resources.gpus_per_worker > 0
         self.geom = batch_geometry(run.train.global_batch, world_size, run.train.micro_batch)
+        self.evaluator, self.checkpointer = EvalCadence.of(run), CheckpointCadence.of(run)
 
     # -- setup -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -133,15 +139,15 @@ class RunLoop:
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.on_gpu else nullcontext()
 
     def _restore(self) -> dict[str, Any]:
-        """Load the newest whole Ray Train checkpoint of this run, if any (``run.worker.resume``: a
+        """Load the newest whole Ray Train checkpoint of this run, if any (``run.checkpoint``: a
         corrupt latest one falls back to the one before); return the loop state it holds."""
-        from orchestrator.run.worker.checkpoint import load_engine_checkpoint  # weights-only: storage is shared
-        from orchestrator.run.worker.resume import candidates, restore_newest_whole
+        from orchestrator.run.checkpoint import restore_newest_whole, resume_candidates
+        from orchestrator.run.worker.safe_load import load_engine_checkpoint  # weights-only: storage is shared
 
         fresh = {"step": 0, "wall_s": 0.0, "evals": 0}
         dev = _collective_device(self.on_gpu)
         state = restore_newest_whole(
-            candidates() if _in_ray_train() else [],
+            resume_candidates() if _in_ray_train() else [],
             lambda d: load_engine_checkpoint(self.engine, d, CKPT_TAG),
             run_id=self.run.run_id,
             data_hash=self.data_hash,
@@ -232,7 +238,7 @@ class RunLoop:
 
         with self.guard.section("checkpoint"), tempfile.TemporaryDirectory(prefix="qkstudy-ckpt-") as d:
             t0 = time.perf_counter()
-            save_share(self.engine, d, state, self.rank, self.world)  # DeepSpeed, state, manifest (run.ckpt_format)
+            save_share(self.engine, d, state, self.rank, self.world)  # DeepSpeed, state, manifest (run.checkpoint)
             own = sum(f.stat().st_size for f in Path(d).rglob("*") if f.is_file())
             (size,) = self.dist.sum([float(own)], self.device)
             t1 = time.perf_counter()
@@ -274,29 +280,20 @@ class RunLoop:
                 rec.failed(step, reason)
                 return STATUS_FAILED
             grad_norm_max = max(grad_norm_max, grad_norm)
-            is_last = step == r.steps
-            is_eval = step % r.eval_every_steps == 0 or is_last
-            if step % r.train.log_every_steps == 0 or is_eval:
+            evaluate = self.evaluator.should_evaluate(step)
+            if step % r.train.log_every_steps == 0 or evaluate:
                 rec.train_point(step, loss, grad_norm, lr, wall_s, grad_norm_max)
                 grad_norm_max = 0.0
-            if is_eval:
+            if evaluate:
                 evals += 1
                 with self.guard.section("eval"):
-                    self._eval_step(rec, step, wall_s, evals, is_last)
-            if step in r.branch_points:  # a trunk: keep this step's checkpoint for its branches
+                    val = self._eval_step(rec, step)
+            if self.checkpointer.should_checkpoint(step, evals):
+                self._checkpoint_step(rec, step, wall_s, evals, val)
+            if self.checkpointer.should_keep_branch_point(step):  # a trunk: keep this step's checkpoint for its branches
                 with self.guard.section("checkpoint"):
                     self._branch_point(step, wall_s, evals)
-        with self.guard.section("checkpoint"):  # every rank: ZeRO-3 gathers are collective
-            save_final_weights(
-                self.engine,
-                r.model,
-                self.tracking_uri,
-                self.mlflow_run_id,
-                zero_stage=r.resources.zero_stage,
-                rank=self.rank,
-                step=step,
-                tokens=step * r.train.tokens_per_step,
-            )
+        self._save_final_weights(step)
         rec.time_split(step, self.time_split())
         rec.finished(step)
         return STATUS_FINISHED
@@ -317,10 +314,7 @@ class RunLoop:
             node=self.node,
         )
         rec.start(
-            state["step"],
-            fallback=state.get("resume_fallback"),
-            branched=bool(state.get("branched")),
-            branch_point=state.get(BRANCH_POINT_KEY),
+            state["step"], fallback=state.get(FALLBACK_KEY), branched=bool(state.get("branched")), branch_point=state.get(BRANCH_POINT_KEY)
         )
         return rec
 
@@ -339,7 +333,7 @@ class RunLoop:
         copied from the trunk's up to the step it starts at (``run.worker.branching``)."""
         if state["step"] or self.run.trunk is None:
             return state
-        from orchestrator.run.worker.checkpoint import load_engine_checkpoint  # weights-only: storage is shared
+        from orchestrator.run.worker.safe_load import load_engine_checkpoint  # weights-only: storage is shared
 
         dev = _collective_device(self.on_gpu)
         start = restore_branch_point(
@@ -381,36 +375,55 @@ class RunLoop:
             lambda: self.dist.sum([0.0], self.device),
         )
 
-    def _eval_step(self, rec: Recorder, step: int, wall_s: float, evals: int, is_last: bool) -> None:
-        """Evaluate the curve's windows (and, when ``is_last``, the final pass: those plus the
-        windows it adds, module docstring), log it, and checkpoint every
-        ``checkpoint_every_evals`` evals (never after the last step: the run is done)."""
+    def _eval_step(self, rec: Recorder, step: int) -> float:
+        """Evaluate the curve's windows (and, at the last step, the final pass: those plus the
+        windows it adds, module docstring) and log them; returns the curve's val loss."""
         r = self.run
         labelled = self.val_loader.labelled
         curve = self._evaluate(r.eval_max_windows)
         val, acc = val_metrics(curve, labelled)
         diag = self._diagnostics() if r.diagnostics else {}
         rec.eval_point(step, val, diag, accuracy=acc)
-        if is_last:
+        if self.evaluator.is_last(step):
             final = curve
             if r.final_max_windows is None or r.final_max_windows > r.eval_max_windows:
                 added = self._evaluate(r.final_max_windows, start=r.eval_max_windows)
                 final = [a + b for a, b in zip(curve, added)]
             rec.final_point(step, *val_metrics(final, labelled))
-        if not is_last and evals % r.checkpoint_every_evals == 0:
-            tokens = step * r.train.tokens_per_step
-            state = {
-                "step": step,
-                "wall_s": wall_s,
-                "evals": evals,
-                "tokens": tokens,
-                "mlflow_run_id": self.mlflow_run_id,
-                "run_id": r.run_id,
-                "data_hash": self.data_hash,
-                "unwritten_metrics": rec.unwritten(),  # an outage's points survive this attempt
-                "time_split": self.time_split(),
-            }
-            rec.checkpoint_point(step, self._checkpoint(state, {"tokens": tokens, "val_loss": val}))
+        return val
+
+    def _checkpoint_step(self, rec: Recorder, step: int, wall_s: float, evals: int, val: float) -> None:
+        """Save the loop state after ``step`` as a Ray Train checkpoint (``_checkpoint``) and log
+        what the save cost; ``val`` (the step's val loss) goes to Ray Train's report."""
+        r = self.run
+        tokens = step * r.train.tokens_per_step
+        state = {
+            "step": step,
+            "wall_s": wall_s,
+            "evals": evals,
+            "tokens": tokens,
+            "mlflow_run_id": self.mlflow_run_id,
+            "run_id": r.run_id,
+            "data_hash": self.data_hash,
+            "unwritten_metrics": rec.unwritten(),  # an outage's points survive this attempt
+            "time_split": self.time_split(),
+        }
+        rec.checkpoint_point(step, self._checkpoint(state, {"tokens": tokens, "val_loss": val}))
+
+    def _save_final_weights(self, step: int) -> None:
+        """Log the weights of the last step as the run's final weights (``run.final_weights``)."""
+        r = self.run
+        with self.guard.section("checkpoint"):  # every rank: ZeRO-3 gathers are collective
+            save_final_weights(
+                self.engine,
+                r.model,
+                self.tracking_uri,
+                self.mlflow_run_id,
+                zero_stage=r.resources.zero_stage,
+                rank=self.rank,
+                step=step,
+                tokens=step * r.train.tokens_per_step,
+            )
 
 
 def _divergence(loss: float, grad_norm: float, step: int, tokens: int) -> str | None:
@@ -460,7 +473,7 @@ def _in_ray_train() -> bool:
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point: train a pack of runs back to back.
 
-    ``config``: runs (a list of {run: RunSpec as dict, data_path, mlflow_run_id}),
+    ``config``: runs (``PackItem.to_dict`` of each run, in pack order),
     tracking_uri, board (progress actor name or None), timeline (the driver's and the pack
     task's start-up marks, ``track.timeline``: the first run continues them, each later run starts
     its own where the previous one ended, a restarted group at its entry). A run that ends (finished, or failed
@@ -479,19 +492,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     timeline = timeline.mark("worker_group") if timeline else Timeline.since("restart")
     guard = WorkerGuard(ctx.get_world_rank(), config["tracking_uri"]).start()  # one watchdog per process
     statuses = []
-    for item in config["runs"]:
-        run = RunSpec.model_validate(item["run"])
-        step_hook = chain_hooks(kill_hook_from_env(run.run_name), block_hook_from_env()) if first_attempt else None
+    for item in map(PackItem.from_dict, config["runs"]):
         loop = RunLoop(
-            run,
-            item["data_path"],
+            item.run,
+            item.data_path,
             config["tracking_uri"],
-            item["mlflow_run_id"],
+            item.mlflow_run_id,
             ctx.get_world_rank(),
             ctx.get_world_size(),
             config.get("board"),
-            step_hook=step_hook,
-            data_hash=item.get("data_hash"),
+            step_hook=faults.step_hook(item.run.run_name) if first_attempt else None,
+            data_hash=item.data_hash,
             guard=guard,
             storage_path=config.get("storage_path", ""),
             timeline=timeline,

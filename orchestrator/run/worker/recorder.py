@@ -152,7 +152,7 @@ class Recorder:
 
     def start(self, step: int, fallback: str | None = None, branched: bool = False, branch_point: str | None = None) -> None:
         """Mark the run running; on a restart (``step`` > 0) count it and say from where;
-        ``fallback`` (``run.worker.resume``: corrupt checkpoints skipped) goes to the
+        ``fallback`` (``run.checkpoint``: corrupt checkpoints skipped) goes to the
         ``resume_fallback`` tag; ``branched``: a branch's first start at its trunk's branch
         point (``run.worker.branching``), tagged ``branched_at_tokens``, not a restart;
         ``branch_point``: how a branch's start checkpoint verified (``run.worker.branching``:

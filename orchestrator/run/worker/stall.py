@@ -12,12 +12,8 @@ with it has logged its own stack: in a hung collective the culprit is often anot
 process exits with ``STALL_EXIT_CODE``. The other ranks wait ``grace_s`` first, so rank 0's
 record is written before Ray ends the group: a retried group
 skips the failed run (``RunLoop._ended_earlier``) and the pack, and the study, go on. The
-MLflow write is bounded too (``record_timeout_s``): a stall never turns into a hang.
-
-Also here: the fault-injection hooks ``QKSTUDY_TEST_KILL_AT_STEP`` (the process dies after a step;
-``QKSTUDY_TEST_KILL_RUN`` limits it to the run of that name) and ``QKSTUDY_TEST_BLOCK_AT_STEP`` (a
-step that never returns), installed for each run of a worker group's first attempt, and
-``chain_hooks``.
+MLflow write is bounded too (``record_timeout_s``): a stall never turns into a hang. Tests
+make a worker stall through ``run.faults``.
 """
 
 from __future__ import annotations
@@ -31,53 +27,12 @@ from typing import Any
 from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, Watchdog, WatchdogLimits, stall_reason
 from orchestrator.track.tracking import STATUS_FAILED, client_for, set_status, tag
 
-# Fault injection for the resume tests: the worker process dies hard (as a preempted node
-# would) right after this optimizer step, on the worker group's first attempt only (no
-# checkpoint existed when it started), so the retry resumes instead of dying again. Read
-# once when the worker starts; the loop only sees a step hook, and only when it is set.
-KILL_AT_STEP_ENV = "QKSTUDY_TEST_KILL_AT_STEP"
-KILL_RUN_ENV = "QKSTUDY_TEST_KILL_RUN"  # when set: only the run of this name is killed
-BLOCK_AT_STEP_ENV = "QKSTUDY_TEST_BLOCK_AT_STEP"
 REASON_CHARS = 4000  # of the failure_reason tag's 5000
-
-# Called before each optimizer step with the number of steps done so far.
-StepHook = Callable[[int], None]
-
-
-def kill_hook_from_env(run_name: str | None = None) -> StepHook | None:
-    """The fault-injection hook ``KILL_AT_STEP_ENV`` asks for (the process exits with code 17
-    once that many steps are done), or None when the variable is unset or 0, or when
-    ``KILL_RUN_ENV`` names another run than ``run_name``."""
-    kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
-    only = os.environ.get(KILL_RUN_ENV)
-    if not kill_at or (only and run_name is not None and only != run_name):
-        return None
-
-    def kill(step: int) -> None:
-        if step == kill_at:
-            os._exit(17)
-
-    return kill
 
 
 def worker_log(message: str) -> None:
     """One line (or block) to this worker's log (stderr, flushed)."""
     print(f"[qkstudy] {message}", file=sys.stderr, flush=True)
-
-
-def block_hook_from_env() -> StepHook | None:
-    """The fault-injection hook ``BLOCK_AT_STEP_ENV`` asks for: once that many optimizer steps
-    are done, the step never returns (as a collective waiting on a lost peer would); None when
-    the variable is unset or 0."""
-    block_at = int(os.environ.get(BLOCK_AT_STEP_ENV, "0"))
-    if not block_at:
-        return None
-
-    def block(step: int) -> None:
-        if step == block_at:
-            threading.Event().wait()  # forever: only the watchdog ends this process
-
-    return block
 
 
 def stuck_reason(section: str, elapsed_s: float, bound_s: float, stacks: str) -> str:
@@ -91,21 +46,6 @@ def stuck_reason(section: str, elapsed_s: float, bound_s: float, stacks: str) ->
         title, _, frames = stuck.partition("\n")
         stuck = f"{title}\n  ...\n{frames[-max(0, room - len(title) - 7) :]}"
     return head + stuck
-
-
-def chain_hooks(*hooks: StepHook | None) -> StepHook | None:
-    """One step hook calling each given hook in order; None when none is given."""
-    live = [h for h in hooks if h is not None]
-    if not live:
-        return None
-    if len(live) == 1:
-        return live[0]
-
-    def chained(step: int) -> None:
-        for h in live:
-            h(step)
-
-    return chained
 
 
 class WorkerGuard:

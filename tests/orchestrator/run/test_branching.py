@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.ckpt_format import STATE_FILE, manifest_name
+from orchestrator.run.checkpoint import STATE_FILE, manifest_name
 from orchestrator.run.worker.branching import (
     BRANCH_POINT_KEY,
     BranchPointError,

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from orchestrator.plan import memory
-from orchestrator.run.worker.checkpoint import UnsafeCheckpointError, load_engine_checkpoint
 from orchestrator.run.worker.optim import batch_geometry, deepspeed_config
+from orchestrator.run.worker.safe_load import UnsafeCheckpointError, load_engine_checkpoint
 from tests.helpers import REPO, free_port
 
 pytestmark = pytest.mark.slow
@@ -132,7 +132,7 @@ def load_checkpoint_calls(source: str) -> list[int]:
 
 
 def test_resume_goes_through_the_weights_only_loader():
-    """No product code calls DeepSpeed's ``engine.load_checkpoint`` except checkpoint.py (which
+    """No product code calls DeepSpeed's ``engine.load_checkpoint`` except safe_load.py (which
     first swaps in the weights-only engine); the scanner finds such a call when there is one."""
     assert load_checkpoint_calls("self.engine.load_checkpoint(d, tag='ckpt')\n") == [1]
     found = {
@@ -140,7 +140,7 @@ def test_resume_goes_through_the_weights_only_loader():
         for p in sorted((REPO / "orchestrator").rglob("*.py"))
         if (lines := load_checkpoint_calls(p.read_text()))
     }
-    assert set(found) == {"orchestrator/run/worker/checkpoint.py"}, found
+    assert set(found) == {"orchestrator/run/worker/safe_load.py"}, found
 
 
 class ByName:
@@ -158,7 +158,7 @@ def test_enum_members_pickled_by_name_load_and_other_getattrs_do_not(tmp_path):
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    from orchestrator.run.worker.checkpoint import WeightsOnlyCheckpointEngine
+    from orchestrator.run.worker.safe_load import WeightsOnlyCheckpointEngine
 
     ok = tmp_path / "enum.pt"
     torch.save({"zero_stage": ByName(ZeroStageEnum, "gradients")}, ok)

@@ -1,4 +1,4 @@
-"""The checkpoint format (``run.ckpt_format``) on real files: two ranks' shares saved each into
+"""The checkpoint format (``run.checkpoint``) on real files: two ranks' shares saved each into
 its own folder and merged into one (as a branch point is), their manifests round-tripped, and
 each kind of damage found by the rank that owns the damaged file (negative controls: a
 truncated file, a changed byte, a missing file, a missing rank, a torn state file)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.run.ckpt_format import (
+from orchestrator.run.checkpoint import (
     CKPT_TAG,
     STATE_FILE,
     has_manifest,

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from data_pipeline import CorpusConfig, TokenizerConfig, TokenLoader, prepare
 from model import GPT, build_config
-from orchestrator.run.worker.evaluate import eval_sums, val_metrics
+from orchestrator.run.evaluate import eval_sums, val_metrics
 
 CPU = torch.device("cpu")
 

@@ -25,7 +25,7 @@ from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.run.driver.submit import build_job
 from orchestrator.run.worker.recorder import Recorder
-from orchestrator.run.worker.stall import BLOCK_AT_STEP_ENV, WorkerGuard, block_hook_from_env, chain_hooks, stuck_reason
+from orchestrator.run.worker.stall import WorkerGuard, stuck_reason
 from orchestrator.run.worker.watchdog import STALL_EXIT_CODE, WatchdogLimits
 from orchestrator.track import lease as lease_mod
 from orchestrator.track.lease import JOB_ID_ENV, STUDY_LEASE, Lease, run_lease_name
@@ -143,23 +143,6 @@ def test_stall_reason_keeps_the_innermost_frames_of_the_stuck_thread():
     assert len(reason) <= 4000 and reason.endswith("in innermost\n    wait()\n")
     assert "Thread 'MainThread' (ident 1) <- stuck:\n  ...\n" in reason and "elsewhere" not in reason
     assert "outer_0" not in reason and "outer_399" in reason
-
-
-def test_block_hook_and_chained_hooks(monkeypatch):
-    monkeypatch.delenv(BLOCK_AT_STEP_ENV, raising=False)
-    assert block_hook_from_env() is None
-    calls: list[tuple[str, int]] = []
-    a, b = (lambda s: calls.append(("a", s))), (lambda s: calls.append(("b", s)))
-    assert chain_hooks(None, None) is None and chain_hooks(a, None) is a
-    chain_hooks(a, b)(3)
-    assert calls == [("a", 3), ("b", 3)]
-    monkeypatch.setenv(BLOCK_AT_STEP_ENV, "2")
-    hook = block_hook_from_env()
-    hook(1)  # any other step returns
-    t = threading.Thread(target=hook, args=(2,), daemon=True)
-    t.start()
-    t.join(1.0)
-    assert t.is_alive()  # step 2 never returns
 
 
 def test_submit_names_the_job_in_its_environment(tmp_path, monkeypatch):

@@ -1,8 +1,6 @@
-"""The worker's rank-0 recorder (real MLflow in SQLite) and the fault-injection step hook."""
+"""The worker's rank-0 recorder (real MLflow in SQLite)."""
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -11,7 +9,6 @@ from mlflow.tracking import MlflowClient
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.run.worker.recorder import NodePlace, Recorder, log_data_inputs
-from orchestrator.run.worker.stall import KILL_AT_STEP_ENV, kill_hook_from_env
 from orchestrator.track.tracking import create_run, ensure_experiment, run_status
 from tests.helpers import mlflow_store
 
@@ -118,23 +115,6 @@ def test_labelled_corpora_log_accuracy(store):
     rec.final_point(4, 0.9, accuracy=0.8)
     assert _history(client, mlflow_id, "val/accuracy") == [(2 * tps, 0.25), (4 * tps, 0.75)]
     assert _history(client, mlflow_id, "final/val_accuracy") == [(4 * tps, 0.8)]
-
-
-def test_kill_hook_only_when_asked(monkeypatch):
-    monkeypatch.delenv(KILL_AT_STEP_ENV, raising=False)
-    assert kill_hook_from_env() is None
-    monkeypatch.setenv(KILL_AT_STEP_ENV, "0")
-    assert kill_hook_from_env() is None
-    code = (
-        "import os\n"
-        f"os.environ[{KILL_AT_STEP_ENV!r}] = '3'\n"
-        "from orchestrator.run.worker.stall import kill_hook_from_env\n"
-        "hook = kill_hook_from_env()\n"
-        "hook(1); hook(2); print('alive at 2', flush=True)\n"
-        "hook(3); print('alive at 3', flush=True)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 17 and out.stdout == "alive at 2\n", out.stderr[-2000:]
 
 
 def test_a_branch_start_is_tagged_as_such_not_counted_as_a_restart(store):

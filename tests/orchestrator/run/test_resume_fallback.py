@@ -1,6 +1,6 @@
 """A torn or damaged checkpoint is never resumed: manifests written after the save
-(``run.ckpt_format``, checked on their own in ``test_ckpt_format.py``) and the newest-whole
-pick (``run.worker.resume``) over real Ray Train ``Checkpoint`` objects on real directories, loaded
+(``run.checkpoint``, checked on their own in ``test_ckpt_format.py``) and the newest-whole
+pick (``restore_newest_whole``) over real Ray Train ``Checkpoint`` objects on real directories, loaded
 with torch's weights-only loader. One rank here (``any_rank`` is the identity); the
 multi-rank, DeepSpeed path is in ``test_torn_checkpoint.py``."""
 
@@ -13,9 +13,8 @@ from typing import Any
 import ray.train as ray_train
 import torch
 
-from orchestrator.run.ckpt_format import STATE_FILE as STATE
-from orchestrator.run.ckpt_format import manifest_name, write_manifest
-from orchestrator.run.worker.resume import FALLBACK_KEY, restore_newest_whole
+from orchestrator.run.checkpoint import FALLBACK_KEY, manifest_name, restore_newest_whole, write_manifest
+from orchestrator.run.checkpoint import STATE_FILE as STATE
 
 
 def _save(root: Path, name: str, step: int, run_id: str = "r1", world: int = 1, manifest: bool = True) -> Path:

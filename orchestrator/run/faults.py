@@ -1,0 +1,84 @@
+"""Fault injection for the fault and resume tests: the named points where a test makes a worker
+fail, each armed by one environment variable.
+
+Why environment variables: the tests start a real driver (``qkstudy run``) whose Ray Train
+workers inherit the driver's environment, so a test arms a fault without any test code in the
+product's call path. Every ``QKSTUDY_TEST_*`` variable the product reads is read here, and only
+here. A point is armed with a step count (unset or 0: disarmed) and fires when the loop has
+done that many optimizer steps:
+
+- ``FaultPoint.KILL_AT_STEP`` (``QKSTUDY_TEST_KILL_AT_STEP``): the process dies hard with exit
+  code ``KILL_EXIT_CODE`` (as a preempted node would); ``QKSTUDY_TEST_KILL_RUN``, when set,
+  limits it to the run of that name (one run of a pack).
+- ``FaultPoint.BLOCK_AT_STEP`` (``QKSTUDY_TEST_BLOCK_AT_STEP``): the step never returns (as a
+  collective waiting on a lost peer would); only the watchdog ends the process.
+
+The worker loop installs them for a worker group's first attempt only (no checkpoint existed
+when it started), so a retried group resumes instead of failing again (``step_hook``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from collections.abc import Callable
+
+__all__ = ["KILL_EXIT_CODE", "KILL_RUN_ENV", "FaultPoint", "StepHook", "armed_at", "hit", "step_hook"]
+
+KILL_RUN_ENV = "QKSTUDY_TEST_KILL_RUN"  # when set: only the run of this name is killed
+KILL_EXIT_CODE = 17
+
+# Called before each optimizer step with the number of steps done so far.
+StepHook = Callable[[int], None]
+
+
+class FaultPoint(enum.Enum):
+    """A point where a test makes the worker fail; the value is the variable that arms it."""
+
+    KILL_AT_STEP = "QKSTUDY_TEST_KILL_AT_STEP"
+    BLOCK_AT_STEP = "QKSTUDY_TEST_BLOCK_AT_STEP"
+
+    @property
+    def env(self) -> str:
+        """The environment variable that arms this point."""
+        return self.value
+
+
+def armed_at(point: FaultPoint, run_name: str | None = None) -> int | None:
+    """The step count at which ``point`` fires for the run ``run_name``, or None when it is
+    disarmed: its variable unset or 0, or (``KILL_AT_STEP``) ``KILL_RUN_ENV`` naming another
+    run. A ``run_name`` of None matches any run."""
+    at = int(os.environ.get(point.env, "0"))
+    if not at:
+        return None
+    only = os.environ.get(KILL_RUN_ENV) if point is FaultPoint.KILL_AT_STEP else None
+    if only and run_name is not None and only != run_name:
+        return None
+    return at
+
+
+def hit(point: FaultPoint, step: int, run_name: str | None = None) -> None:
+    """Fail as ``point`` says when it is armed for ``run_name`` at ``step`` (steps done so
+    far); otherwise return at once. Never returns once fired."""
+    if armed_at(point, run_name) != step:
+        return
+    if point is FaultPoint.KILL_AT_STEP:
+        os._exit(KILL_EXIT_CODE)
+    threading.Event().wait()  # forever: only the watchdog ends this process
+
+
+def step_hook(run_name: str | None = None) -> StepHook | None:
+    """A hook for the loop to call before each optimizer step, hitting every point armed for
+    ``run_name``; None when none is armed (the loop then calls nothing). Reads the environment
+    once, when the run starts."""
+    armed = {p: at for p in FaultPoint if (at := armed_at(p, run_name)) is not None}
+    if not armed:
+        return None
+
+    def hook(step: int) -> None:
+        for point, at in armed.items():
+            if step == at:
+                hit(point, step, run_name)
+
+    return hook

@@ -1,0 +1,71 @@
+"""The fault points tests arm through the environment (``run.faults``): off unless asked, the
+kill limited to the run named, the kill exiting the process and the block never returning."""
+
+import subprocess
+import sys
+import threading
+
+from orchestrator.run import faults
+from orchestrator.run.faults import KILL_EXIT_CODE, KILL_RUN_ENV, FaultPoint, armed_at, hit, step_hook
+
+KILL, BLOCK = FaultPoint.KILL_AT_STEP, FaultPoint.BLOCK_AT_STEP
+
+
+def _disarm(monkeypatch):
+    for name in (KILL.env, BLOCK.env, KILL_RUN_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_variable_names_tests_set():
+    assert (KILL.env, BLOCK.env, KILL_RUN_ENV) == ("QKSTUDY_TEST_KILL_AT_STEP", "QKSTUDY_TEST_BLOCK_AT_STEP", "QKSTUDY_TEST_KILL_RUN")
+
+
+def test_nothing_is_armed_unless_asked(monkeypatch):
+    _disarm(monkeypatch)
+    assert armed_at(KILL) is None and armed_at(BLOCK) is None and step_hook("r") is None
+    monkeypatch.setenv(KILL.env, "0")
+    assert armed_at(KILL) is None and step_hook("r") is None
+    hit(KILL, 0, "r")  # disarmed: returns
+
+
+def test_the_kill_is_limited_to_the_run_named(monkeypatch):
+    _disarm(monkeypatch)
+    monkeypatch.setenv(KILL.env, "3")
+    monkeypatch.setenv(BLOCK.env, "5")
+    monkeypatch.setenv(KILL_RUN_ENV, "b")
+    assert armed_at(KILL, "a") is None and armed_at(KILL, "b") == 3 and armed_at(KILL) == 3
+    assert armed_at(BLOCK, "a") == 5  # the run filter is the kill's alone
+
+
+def test_the_kill_exits_after_its_step():
+    code = (
+        "import os\n"
+        f"os.environ[{KILL.env!r}] = '3'\n"
+        "from orchestrator.run.faults import step_hook\n"
+        "hook = step_hook('r')\n"
+        "hook(1); hook(2); print('alive at 2', flush=True)\n"
+        "hook(3); print('alive at 3', flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == KILL_EXIT_CODE == 17 and out.stdout == "alive at 2\n", out.stderr[-2000:]
+
+
+def test_the_block_never_returns_at_its_step(monkeypatch):
+    _disarm(monkeypatch)
+    monkeypatch.setenv(BLOCK.env, "2")
+    hook = step_hook("r")
+    hook(1)  # any other step returns
+    t = threading.Thread(target=hook, args=(2,), daemon=True)
+    t.start()
+    t.join(1.0)
+    assert t.is_alive()
+
+
+def test_the_kill_comes_before_the_block_at_the_same_step(monkeypatch):
+    _disarm(monkeypatch)
+    monkeypatch.setenv(KILL.env, "2")
+    monkeypatch.setenv(BLOCK.env, "2")
+    hits: list[FaultPoint] = []
+    monkeypatch.setattr(faults, "hit", lambda point, step, run_name=None: hits.append(point))
+    step_hook("r")(2)
+    assert hits == [KILL, BLOCK]
