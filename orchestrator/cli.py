@@ -229,6 +229,7 @@ def run(
     from orchestrator.plan.inputs import FitError
     from orchestrator.plan.paths import check_local_corpus_paths
     from orchestrator.run.driver.prepare_tasks import CorpusError
+    from orchestrator.run.driver.runner import DriverOptions
     from orchestrator.run.driver.study import run_study
     from orchestrator.track.provenance import gather
     from orchestrator.track.timeline import Timeline
@@ -244,9 +245,8 @@ def run(
         decide = gate.decide
     try:
         prov = gather(s, spec)  # the code, spec and environment every run records (track.provenance)
-        res = run_study(
-            s, address=address, console=err, verbose=verbose, wait=wait, timeline=timeline, gate_decider=decide, provenance=prov
-        )
+        options = DriverOptions(address=address, verbose=verbose, wait=wait, provenance=prov)
+        res = run_study(s, options, console=err, timeline=timeline, gate_decider=decide)
     except CorpusError as e:  # the spec's field (or the override that set it) is the one to fix
         raise _spec_error(spec, [(f"corpora.{e.corpus_name}" if s.corpora else "corpus", str(e))], s) from None
     except FitError as e:
@@ -271,7 +271,7 @@ def train(
     from orchestrator.cli_files import load_run_file
     from orchestrator.plan.spec import default_workdir
     from orchestrator.plan.tracking_uri import check_tracking_uri
-    from orchestrator.run.driver.runner import run_runs
+    from orchestrator.run.driver.runner import DriverOptions, run_runs
     from orchestrator.track.provenance import gather
     from orchestrator.track.timeline import Timeline
     from orchestrator.track.tracking import default_tracking_uri
@@ -286,11 +286,9 @@ def train(
         run_spec.study,
         tracking_uri or default_tracking_uri(work),
         storage_path or str(work / "ray"),
-        address=address,
+        DriverOptions(address=address, verbose=verbose, provenance=gather(None)),  # no spec: code, user and environment only
         console=err,
-        verbose=verbose,
         timeline=timeline,
-        provenance=gather(None),  # no spec: code, user and environment only
     )
     st = res.status.get(run_spec.run_id)
     err.print(f"{run_spec.run_name}: {st} {res.reasons.get(run_spec.run_id, '')}")

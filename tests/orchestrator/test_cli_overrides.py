@@ -72,8 +72,8 @@ def test_run_trains_the_merged_spec_and_records_its_overrides(spec, monkeypatch)
 
     seen = {}
 
-    def fake_run_study(s, **kw):
-        seen.update(study=s, **kw)
+    def fake_run_study(s, options, **kw):
+        seen.update(study=s, provenance=options.provenance, **kw)
         return StudyResult()
 
     monkeypatch.setattr(study_mod, "run_study", fake_run_study)
@@ -93,7 +93,9 @@ def test_run_without_overrides_records_none(spec, monkeypatch):
     from orchestrator.track.provenance import OVERRIDES_TAG
 
     seen = {}
-    monkeypatch.setattr(study_mod, "run_study", lambda s, **kw: seen.update(study=s, **kw) or StudyResult())
+    monkeypatch.setattr(
+        study_mod, "run_study", lambda s, options, **kw: seen.update(study=s, provenance=options.provenance) or StudyResult()
+    )
     monkeypatch.chdir(spec.parent)
     assert CliRunner().invoke(app, ["run", spec.name]).exit_code == 0
     assert seen["study"].seeds == [0] and json.loads(seen["provenance"].tags[OVERRIDES_TAG]) == []
@@ -102,7 +104,7 @@ def test_run_without_overrides_records_none(spec, monkeypatch):
 def test_run_refuses_a_bad_override_before_training(spec, monkeypatch):
     from orchestrator.run.driver import study as study_mod
 
-    monkeypatch.setattr(study_mod, "run_study", lambda s, **kw: pytest.fail("trained a refused spec"))
+    monkeypatch.setattr(study_mod, "run_study", lambda s, *a, **kw: pytest.fail("trained a refused spec"))
     res = CliRunner().invoke(app, ["run", str(spec), "seeds=[0, 0]"])
     assert res.exit_code == 2 and "override 'seeds=[0, 0]': seeds:" in res.output
 

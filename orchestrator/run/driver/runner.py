@@ -89,6 +89,27 @@ class StudyResult:
         return all(s in ("finished", "skipped", "gated") for s in self.status.values())
 
 
+@dataclass(frozen=True)
+class DriverOptions:
+    """How a driver hands a study's runs to Ray, the same for every stage of its protocol.
+
+    Attributes:
+        address: Ray cluster address (else RAY_ADDRESS, else a local Ray).
+        verbose: show worker logs.
+        max_in_flight: packs handed to Ray at once (default: as many as the cluster holds at
+            once); Ray decides where each pack's workers go.
+        wait: when another driver holds the study's lease, wait for it (``run.driver.leasing``).
+        provenance: the driver's code, spec and environment (``track.provenance.gather``),
+            tagged on every run it creates or resumes; None records none.
+    """
+
+    address: str | None = None
+    verbose: bool = False
+    max_in_flight: int | None = None
+    wait: bool = False
+    provenance: Provenance | None = None
+
+
 DASHBOARD_ENV = "QKSTUDY_RAY_DASHBOARD"
 
 
@@ -129,30 +150,23 @@ def run_runs(
     study_name: str,
     tracking_uri: str,
     storage_path: str,
+    options: DriverOptions = DriverOptions(),
     *,
-    address: str | None = None,
     console: Console | None = None,
-    verbose: bool = False,
-    max_in_flight: int | None = None,
-    wait: bool = False,
     lease: Lease | None = None,
     timeline: Timeline | None = None,
-    provenance: Provenance | None = None,
 ) -> StudyResult:
-    """Schedule ``runs`` (all of one study) on Ray under the study's lease; see
-    ``orchestrator.run.driver.study.run_study`` for the other arguments.
+    """Schedule ``runs`` (all of one study) on Ray under the study's lease, as ``options`` say
+    (``DriverOptions``); ``console``: where progress goes (default: stderr).
 
     ``lease``: None (the default) takes the study lease for this call (before MLflow is read or
     Ray starts, released on return; ``wait`` as in ``run_study``). A caller that runs several
     stages under one lease (the tuned protocol, ``run.driver.study``) passes the study lease it holds
     (from ``run.driver.leasing.study_lease`` on ``storage_path``); it is neither taken nor released
-    here, and ``wait`` is unused.
+    here, and ``options.wait`` is unused.
 
     ``timeline``: the command's start-up marks so far (``track.timeline``; the CLI's start from
     the process's); None starts one here. Each run's start-up timeline continues it.
-
-    ``provenance``: the driver's code, spec and environment (``track.provenance.gather``),
-    tagged on every run this call creates or resumes; None records none.
 
     ``qkstudy train RUN.yaml`` calls this with one run: the same code path as a study.
 
@@ -173,13 +187,9 @@ def run_runs(
                 f"run_runs(lease=...) needs the held study lease of {storage_path!r}, got lease "
                 f"{lease.name!r} of {lease.location!r} (generation {lease.generation})"
             )
-        return _run_leased(
-            runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline, declared, provenance
-        )
-    with study_lease(study_name, storage_path, console, wait=wait):
-        return _run_leased(
-            runs, study_name, tracking_uri, storage_path, address, console, verbose, max_in_flight, timeline, declared, provenance
-        )
+        return _run_leased(runs, study_name, tracking_uri, storage_path, options, console, timeline, declared)
+    with study_lease(study_name, storage_path, console, wait=options.wait):
+        return _run_leased(runs, study_name, tracking_uri, storage_path, options, console, timeline, declared)
 
 
 def _run_leased(
@@ -187,13 +197,10 @@ def _run_leased(
     study_name: str,
     tracking_uri: str,
     storage_path: str,
-    address: str | None,
+    options: DriverOptions,
     console: Console,
-    verbose: bool,
-    max_in_flight: int | None,
     timeline: Timeline | None,
     declared: ClusterGrowth | None,
-    provenance: Provenance | None = None,
 ) -> StudyResult:
     """``run_runs`` once the study's lease is held (by this call or by its caller); ``declared``
     what ``QKSTUDY_CLUSTER_CONFIG`` says the cluster can grow to (``placement.declared_growth``)."""
@@ -207,7 +214,7 @@ def _run_leased(
         record_unigrams(tracking_uri, study_name, find_unigrams(runs, console), console)
         result.wall_s = time.time() - t0
         return result
-    init_ray(address, verbose, py_modules([r.plugin for r in runs]))
+    init_ray(options.address, options.verbose, py_modules([r.plugin for r in runs]))
     timeline.mark("ray")
     growth = cluster_growth(declared)
     if growth is not None:
@@ -219,7 +226,7 @@ def _run_leased(
     check_data_fits(runs, datasets)  # before MLflow is touched: a bad corpus leaves no record
     timeline.mark("data")
 
-    todo, recorded = _register(runs, study_name, tracking_uri, datasets, growth, result, console, provenance)
+    todo, recorded = _register(runs, study_name, tracking_uri, datasets, growth, result, console, options.provenance)
     record_unigrams(tracking_uri, study_name, {n: d.get("unigram") for n, d in datasets.items()}, console)
     skipped = sum(1 for s in result.status.values() if s == "skipped")
     if skipped:
@@ -237,7 +244,7 @@ def _run_leased(
             result,
             console,
             growth,
-            max_in_flight,
+            options.max_in_flight,
             timeline,
         )
     result.wall_s = time.time() - t0

@@ -34,7 +34,6 @@ the run stage may not import: the CLI passes that function in (``gate_decider``)
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -51,9 +50,8 @@ from orchestrator.plan.tune_plan import plan_tuning, tuning_problems
 from orchestrator.plan.tuning import KIND
 from orchestrator.run.driver.leasing import study_lease
 from orchestrator.run.driver.records import existing_runs
-from orchestrator.run.driver.runner import StudyResult, run_runs
+from orchestrator.run.driver.runner import DriverOptions, StudyResult, run_runs
 from orchestrator.track.gate_record import record_gate, record_gate_ran
-from orchestrator.track.provenance import Provenance
 from orchestrator.track.timeline import Timeline
 from orchestrator.track.tracking import client_for, ensure_experiment, run_status, set_tune_tag, study_tracking_uri, unigram_from_tags
 
@@ -62,54 +60,43 @@ GATED = "gated"  # the StudyResult status of a run its arm's gate stopped
 
 def run_study(
     study: Study,
+    options: DriverOptions = DriverOptions(),
     *,
-    address: str | None = None,
     console: Console | None = None,
-    verbose: bool = False,
-    max_in_flight: int | None = None,
-    wait: bool = False,
     timeline: Timeline | None = None,
     gate_decider: GateDecider | None = None,
-    provenance: Provenance | None = None,
 ) -> StudyResult:
     """Train every planned run of ``study`` that is not already finished (with ``tune:``, its
     tuning runs first, then its main runs at the chosen LRs: ``run_tuned_study``), holding the
     study's lease throughout (once, across both stages of a tuned study).
 
     Args:
-        address: Ray cluster address (else RAY_ADDRESS, else a local Ray).
+        options: the Ray address, worker logs, packs in flight, waiting for another driver's
+            lease, provenance (``runner.DriverOptions``), the same for every stage.
         console: where progress goes (default: stderr).
-        verbose: show worker logs.
-        max_in_flight: runs handed to Ray at once (default: as many as the cluster holds at
-            once); Ray decides where each run's workers go.
-        wait: when another driver holds the study's lease, wait for it (``run.driver.leasing``).
         timeline: the command's start-up marks so far (``track.timeline``); the first stage's
             runs continue it, a later stage's start their own at its start.
         gate_decider: with ``gate:``, the gate's decision (``orchestrator.report.gate.decide``;
             ``run_gated_study``).
-        provenance: the driver's code, spec and environment (``track.provenance.gather``),
-            tagged on every run it creates or resumes.
 
     Returns:
         StudyResult with every run's final state (also in MLflow, which is the record).
 
     Raises:
-        orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
+        orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``options.wait``).
         orchestrator.run.driver.prepare_tasks.CorpusError: see ``runner.run_runs``; also a corpus whose files
             cannot be read to compute its content hash.
         ValueError: a study with ``gate:`` and no ``gate_decider``.
     """
     if study.gate is not None and gate_decider is None:
         raise ValueError(f"study {study.name!r} has a gate: run_study needs gate_decider (orchestrator.report.gate.decide)")
-    kw: dict[str, Any] = dict(  # the arguments every protocol takes
-        address=address, console=console, verbose=verbose, max_in_flight=max_in_flight, wait=wait, timeline=timeline, provenance=provenance
-    )
     if study.gate is not None and gate_decider is not None:
-        return run_gated_study(study, gate_decider, **kw)
+        return run_gated_study(study, gate_decider, options, console=console, timeline=timeline)
     if study.tune is not None:
-        return run_tuned_study(study, **kw)
+        return run_tuned_study(study, options, console=console, timeline=timeline)
     runs = plan_study(study)
-    return drive(study, protocol.branched(runs) if study.protocol == "branches" else protocol.independent(runs), leased=False, **kw)
+    steps = protocol.branched(runs) if study.protocol == "branches" else protocol.independent(runs)
+    return drive(study, steps, options, leased=False, console=console, timeline=timeline)
 
 
 def tuning_outcomes(tracking_uri: str, study_name: str, runs: list[RunSpec]) -> dict[str, tuple[float | None, str]]:
@@ -194,28 +181,27 @@ def _advance(steps: StudyProtocol, reply: Reply | None) -> Stage | Finished:
 def drive(
     study: Study,
     steps: StudyProtocol,
+    options: DriverOptions,
     *,
     leased: bool,
     decide: GateDecider | None = None,
     console: Console | None = None,
-    wait: bool = False,
     timeline: Timeline | None = None,
-    **run_kw: Any,
 ) -> StudyResult:
     """Run a protocol (``orchestrator.plan.protocol``): each stage's effects and runs
     (``run_runs``), then what it asked for sent back, until the protocol returns. ``leased``:
     hold the study lease across every stage (else ``run_runs`` takes it for its one call);
-    ``timeline`` continues into the first stage's runs only; ``run_kw`` as ``run_runs`` takes
+    ``timeline`` continues into the first stage's runs only; ``options`` as ``run_runs`` takes
     them. Returns every stage's statuses, a gate's stopped runs ``gated``."""
     console = console or Console(stderr=True)
     uri, storage = study_tracking_uri(study), study.resolved_storage_path
     result = StudyResult()
-    held = study_lease(study.name, storage, console, wait=wait) if leased else nullcontext(None)
+    held = study_lease(study.name, storage, console, wait=options.wait) if leased else nullcontext(None)
     with held as lease:
         step = _advance(steps, None)
         while isinstance(step, Stage):
             _perform(step.before, uri, study.name, console)
-            res = run_runs(list(step.runs), study.name, uri, storage, console=console, wait=wait, lease=lease, timeline=timeline, **run_kw)
+            res = run_runs(list(step.runs), study.name, uri, storage, options, console=console, lease=lease, timeline=timeline)
             _merge(result, res)
             timeline = None  # a later stage's runs start their own timeline
             _perform(step.after, uri, study.name, console)
@@ -227,46 +213,33 @@ def drive(
 
 
 def run_tuned_study(
-    study: Study,
-    *,
-    address: str | None = None,
-    console: Console | None = None,
-    verbose: bool = False,
-    max_in_flight: int | None = None,
-    wait: bool = False,
-    timeline: Timeline | None = None,
-    provenance: Provenance | None = None,
+    study: Study, options: DriverOptions = DriverOptions(), *, console: Console | None = None, timeline: Timeline | None = None
 ) -> StudyResult:
     """Tuning runs, the LR choice, then the main runs (module docstring; the decisions are
-    ``orchestrator.plan.protocol.tuned``), all under one study lease taken here (``wait`` as in
-    ``run_study``; the other arguments as ``run_runs`` takes them).
+    ``orchestrator.plan.protocol.tuned``), all under one study lease taken here (the arguments
+    as ``run_study`` takes them).
 
     Returns both stages' statuses in one StudyResult; when a tuning run did not finish or an
     arm has no usable LR the main runs are not planned (their absence leaves ``ok`` False
     only through the tuning runs' own statuses, which say why).
 
     Raises:
-        orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
+        orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``options.wait``).
         orchestrator.run.driver.prepare_tasks.CorpusError: see ``runner.run_runs``.
         orchestrator.plan.inputs.FitError: a tuning or main run over ``budget.max_epochs`` or the
             declared device memory, before the lease, Ray or MLflow.
     """
     table, data, untuned = _checked_plan(study)
-    run_kw: dict[str, Any] = dict(address=address, verbose=verbose, max_in_flight=max_in_flight, provenance=provenance)
-    return drive(study, protocol.tuned(study, (table, data), untuned), leased=True, console=console, wait=wait, timeline=timeline, **run_kw)
+    return drive(study, protocol.tuned(study, (table, data), untuned), options, leased=True, console=console, timeline=timeline)
 
 
 def run_gated_study(
     study: Study,
     decide: GateDecider,
+    options: DriverOptions = DriverOptions(),
     *,
-    address: str | None = None,
     console: Console | None = None,
-    verbose: bool = False,
-    max_in_flight: int | None = None,
-    wait: bool = False,
     timeline: Timeline | None = None,
-    provenance: Provenance | None = None,
 ) -> StudyResult:
     """The gated ladder (module docstring; the decisions are ``orchestrator.plan.protocol.gated``)
     under one study lease taken here (the other arguments as ``run_study`` takes them).
@@ -277,7 +250,7 @@ def run_gated_study(
     the evidence's sentence as their reason.
 
     Raises:
-        orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``wait``).
+        orchestrator.run.driver.leasing.StudyBusy: another live driver holds the study (unless ``options.wait``).
         orchestrator.run.driver.prepare_tasks.CorpusError: see ``runner.run_runs``.
         orchestrator.plan.inputs.FitError: a run over ``budget.max_epochs`` or the declared
             device memory, before the lease, Ray or MLflow.
@@ -286,6 +259,5 @@ def run_gated_study(
     if study.gate is None:
         raise ValueError(f"study {study.name!r} has no gate: run it with run_study")
     table, data, runs = _checked_plan(study)  # with tune:, at the recipe LR: each rung's tuning replaces it
-    run_kw: dict[str, Any] = dict(address=address, verbose=verbose, max_in_flight=max_in_flight, provenance=provenance)
     steps = protocol.gated(study, (table, data), runs)
-    return drive(study, steps, leased=True, decide=decide, console=console, wait=wait, timeline=timeline, **run_kw)
+    return drive(study, steps, options, leased=True, decide=decide, console=console, timeline=timeline)

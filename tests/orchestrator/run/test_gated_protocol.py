@@ -11,7 +11,7 @@ import pytest
 import orchestrator.run.driver.study as study_mod
 from orchestrator.plan.gate import GateEvidence
 from orchestrator.plan.spec import parse_spec
-from orchestrator.run.driver.runner import StudyResult
+from orchestrator.run.driver.runner import DriverOptions, StudyResult
 from orchestrator.track.gate_record import recorded_gates
 from orchestrator.track.tracking import study_tracking_uri
 
@@ -43,9 +43,11 @@ def _evidence(corpus, variant, scale, rung, stopped):
 def test_a_stopped_arm_trains_no_larger_rung_on_its_corpus_only(study, monkeypatch):
     handed: list[list[tuple[str, str, str]]] = []
     asked: list[tuple[str, int, tuple[str, ...]]] = []
+    options = DriverOptions(max_in_flight=3)
 
-    def fake_run_runs(runs, *a, lease=None, **kw):
+    def fake_run_runs(runs, name, uri, storage, given, *, lease=None, **kw):
         assert lease is not None  # every rung under the one study lease
+        assert given is options  # every rung hands its runs to Ray the same way
         handed.append(sorted({(r.scale, r.corpus_name, r.variant) for r in runs}))
         return StudyResult(status={r.run_id: "finished" for r in runs})
 
@@ -55,7 +57,7 @@ def test_a_stopped_arm_trains_no_larger_rung_on_its_corpus_only(study, monkeypat
         return [_evidence(c, "slow", scale, rung, stopped=(c == "a" and rung == 1)) for c in ("a", "b")]
 
     monkeypatch.setattr(study_mod, "run_runs", fake_run_runs)
-    res = study_mod.run_study(study, gate_decider=decide)
+    res = study_mod.run_study(study, options, gate_decider=decide)
 
     assert [sorted({s for s, _, _ in h}) for h in handed] == [["cpu-xs"], ["cpu-s"], ["cpu-m"]]  # rungs by N
     assert ("cpu-xs", "a", "slow") in handed[0]
