@@ -343,14 +343,9 @@ def _empty_metrics() -> pd.DataFrame:
     )
 
 
-def _run_table(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame, kinds: tuple[str, ...] = (KIND_TRAIN,)) -> pd.DataFrame:
-    """Pivot tags and params onto the run rows, type the known ones, keep the runs of ``kinds``
-    (a run without a kind tag is a training run of an early version)."""
-    return _of_kinds(_pivoted(runs, tags, params), kinds)
-
-
 def _pivoted(runs: pd.DataFrame, tags: pd.DataFrame, params: pd.DataFrame) -> pd.DataFrame:
-    """Every run with its tags and params as columns, untyped (``_of_kinds`` types them)."""
+    """Every run with its tags and params as columns, untyped (``_of_kinds`` types them); a
+    run without a kind tag is a training run of an early version."""
     runs, tags = runs.copy(), _bare_names(tags)
     t = tags.pivot(index="run_uuid", columns="key", values="value") if not tags.empty else pd.DataFrame()
     p = params.pivot(index="run_uuid", columns="key", values="value") if not params.empty else pd.DataFrame()

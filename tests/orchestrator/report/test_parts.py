@@ -65,11 +65,14 @@ def test_a_report_reads_the_store_once(synthetic_store, tmp_path, monkeypatch):
     assert len(calls) == 1 and summary["study"] == MAIN.study
 
 
-def test_the_query_brings_experiment_tags_and_tuning_runs_as_the_client_sees_them(tmp_path):
+@pytest.mark.parametrize("store", ["sqlite", "file"])
+def test_the_query_brings_experiment_tags_and_tuning_runs_as_the_client_sees_them(tmp_path, store, monkeypatch):
     """StudyData.experiment_tags and .tuning against the client's get_experiment and
-    find_train_runs (the view the report read before): a retried tuning point (same run_id)
-    keeps its latest start, its loss the latest logged, and a tune run without a loss None."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    find_train_runs (the view the report read before), through the SQL path and the client
+    path (a file store): a retried tuning point (same run_id) keeps its latest start, its
+    loss the latest logged, and a tune run without a loss None."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}" if store == "sqlite" else (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a store the client path reads, no server needed
     client = client_for(uri)
     eid = client.create_experiment("q", tags={"qkstudy.tune": '{"grid": [0.001]}', "other": "x"})
     run = client.create_run(eid, tags={KIND_TAG: KIND_TRAIN, tag("variant"): "standard", tag("scale"): "s", tag("seed"): "0"})
