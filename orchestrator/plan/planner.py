@@ -31,21 +31,20 @@ from model import ModelCounts, count_model
 from model.plugins import plugin_of
 from orchestrator.plan.branch_runs import BranchFamily, branch_family
 from orchestrator.plan.contract import IDENTITY_VERSION, PlanError, RunSpec, TrainRecipe, run_identity
-from orchestrator.plan.custom_scales import scale_config, scale_recipe
 from orchestrator.plan.recipe import BETAS
 from orchestrator.plan.spec import Study, VariantSpec
 from orchestrator.plan.throughput import ThroughputTable, declared_throughput
 
 
 def resolve_train(study: Study, scale: str) -> TrainRecipe:
-    """Merge the study's train section over the scale's recipe."""
-    from model import PRESETS
-
-    r = scale_recipe(study, scale)
+    """Merge the study's train section over the recipe of ``study.scale(scale)``; KeyError for
+    a scale the study does not have."""
+    rs = study.scale(scale)
+    r = rs.recipe
     t = study.train
     global_batch = t.global_batch or r.global_batch
     return TrainRecipe(
-        seq_len=t.seq_len or r.seq_len or PRESETS[scale].seq_len,
+        seq_len=t.seq_len or rs.seq_len,
         global_batch=global_batch,
         micro_batch=min(t.micro_batch or r.micro_batch, global_batch),
         lr=t.lr or r.lr,
@@ -139,9 +138,8 @@ def _plan_corpus(
     for scale in study.scales:
         base = _scale_recipe(study, scale, mqar)
         tps = base.tokens_per_step
-        configs = {
-            v.name: scale_config(study, scale, v.model_variant, vocab_size=vocab, seq_len=base.seq_len, **v.options) for v in study.variants
-        }
+        config = partial(study.scale(scale).model_config, vocab_size=vocab, seq_len=base.seq_len, architecture=study.architecture)
+        configs = {v.name: config(v.model_variant, **v.options) for v in study.variants}
         counts = {name: count_model(cfg) for name, cfg in configs.items()}
         ref = counts[study.reference]
         d_ref = _reference_tokens(study, scale, ref.n_params)

@@ -16,7 +16,8 @@ errors at the entry's own path (``scales[1].n_head``).
 Checks that need the study's variants run in `resolve_scales`, after the fields validated:
 a ladder counts N with the reference variant (the planner's N) and keeps heads even when
 a variant pairs heads (Differential Attention); an inline shape with odd heads is refused
-for such a variant; names are unique across presets, shapes and rungs. Pure: no Ray, no
+for such a variant; names are unique across presets, shapes and rungs; each name becomes one
+``orchestrator.plan.scale.ResolvedScale``, what the planner asks. Pure: no Ray, no
 MLflow; ``model`` (torch) is imported only where parameters are counted.
 """
 
@@ -29,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import InitErrorDetails
 
 from orchestrator.plan import recipe
-from orchestrator.plan.ladder import FieldError, LadderRung, LadderSpec, ScaleShape, generate_ladder, shape_problems
+from orchestrator.plan.ladder import FieldError, LadderSpec, ScaleShape, generate_ladder, shape_problems
+from orchestrator.plan.scale import ResolvedScale
 from orchestrator.plan.specfile import Loc, error_details, loc_str, value_error_details
 
 
@@ -97,26 +99,26 @@ def dispatch_entries(v: Any) -> Any:
 
 @dataclass(frozen=True)
 class ResolvedScales:
-    """A study's scales in spec order: ``names`` (presets, shapes and ladder rungs), the custom
-    ones' ``shapes`` by name, the ladder ``rungs`` by name (target N, exact N, its error), and
-    ``problems`` as (field path, message) pairs."""
+    """A study's scales in spec order: ``names`` (presets, shapes and ladder rungs), each name's
+    `ResolvedScale` in ``scales`` (the first entry of a name given twice), and ``problems`` as
+    (field path, message) pairs."""
 
     names: list[str] = field(default_factory=list)
-    shapes: dict[str, ScaleShape] = field(default_factory=dict)
-    rungs: dict[str, LadderRung] = field(default_factory=dict)
+    scales: dict[str, ResolvedScale] = field(default_factory=dict)
     problems: list[tuple[Loc, str]] = field(default_factory=list)
 
 
 def resolve_scales(
     entries: list[ScaleEntry], model_variants: list[str], reference_variant: str, reference_options: dict[str, Any]
 ) -> ResolvedScales:
-    """Names, shapes and rungs of validated ``scales:`` entries (`ResolvedScales`).
+    """Every validated ``scales:`` entry resolved to `ResolvedScale` objects (`ResolvedScales`).
 
     Args:
         entries: the dispatched entries (`dispatch_entries`).
         model_variants: every arm's ``model.VARIANTS`` name (for paired heads).
         reference_variant, reference_options: the reference arm's model variant and options:
-            a ladder's N is counted with them (the planner's N is the reference's).
+            a ladder's and a custom recipe's N is counted with them (the planner's N is the
+            reference's).
 
     Problems reported (not raised): a ladder target no shape reaches or two targets giving
     one shape (``scales[i].ladder.targets[j]``), odd heads for a variant that pairs heads
@@ -140,10 +142,13 @@ def resolve_scales(
         loc: Loc = ("scales", i)
         if isinstance(e, str):
             add(e, loc)
+            out.scales.setdefault(e, ResolvedScale.preset(e))
         elif isinstance(e, ScaleShape):
-            out.problems.extend(shape_problems(e, model_variants, loc))
+            bad = shape_problems(e, model_variants, loc)
+            out.problems.extend(bad)
             add(e.name, loc + ("name",))
-            out.shapes.setdefault(e.name, e)
+            if not bad:  # a shape a variant refuses cannot be counted; the study fails on `bad`
+                out.scales.setdefault(e.name, ResolvedScale.custom(e, reference_variant, reference_options))
         else:
             try:
                 rungs = generate_ladder(
@@ -154,6 +159,5 @@ def resolve_scales(
                 continue
             for j, r in enumerate(rungs):
                 add(r.shape.name, loc + ("ladder", "names" if e.ladder.names is not None else "targets", j))
-                out.shapes.setdefault(r.shape.name, r.shape)
-                out.rungs.setdefault(r.shape.name, r)
+                out.scales.setdefault(r.shape.name, ResolvedScale.custom(r.shape, reference_variant, reference_options, rung=r))
     return out

@@ -28,6 +28,7 @@ from orchestrator.plan.devices import PEAK_FLOPS, peak_flops_of
 from orchestrator.plan.gate import GateSpec
 from orchestrator.plan.ladder import LadderRung, ScaleShape
 from orchestrator.plan.overrides import apply_overrides, spec_error
+from orchestrator.plan.scale import ResolvedScale
 from orchestrator.plan.scales import LadderScale, ScaleEntry, dispatch_entries, resolve_scales
 from orchestrator.plan.specfile import (
     Layer,
@@ -239,8 +240,9 @@ class Study(_Strict):
 
     ``scales:`` entries are preset names, inline shapes or ladders (``orchestrator.plan.scales``);
     after validation ``scales`` is the list of scale names (presets, shapes and ladder rungs,
-    in spec order), ``scale_shapes`` maps each custom scale's name to its ``ScaleShape`` (a
-    name not in it is a preset), ``ladder_rungs`` each rung's target N and exact N. The
+    in spec order), ``scale(name)`` its `ResolvedScale` (shape, recipe, N, model config),
+    ``scale_shapes`` maps each custom scale's name to its ``ScaleShape`` (a name not in it is
+    a preset), ``ladder_rungs`` each rung's target N and exact N. The
     entries as written are ``scale_entries``. ``protocol``: ``independent`` (every reference
     budget trained from scratch) or ``branches`` (cooldowns of one WSD trunk,
     ``orchestrator.plan.branches``). ``tune``: a per-(variant, scale) LR grid
@@ -282,8 +284,7 @@ class Study(_Strict):
     tracking_uri: str | None = None
     storage_path: str | None = None
     _scales: list[str] = PrivateAttr(default_factory=list)
-    _shapes: dict[str, ScaleShape] = PrivateAttr(default_factory=dict)
-    _rungs: dict[str, LadderRung] = PrivateAttr(default_factory=dict)
+    _resolved: dict[str, ResolvedScale] = PrivateAttr(default_factory=dict)
     # the command-line overrides merged into this spec (``orchestrator.plan.overrides``)
     _overrides: tuple[str, ...] = PrivateAttr(default=())
 
@@ -371,10 +372,20 @@ class Study(_Strict):
         """Scale names in spec order: presets, inline shapes, ladder rungs."""
         return list(self._scales)
 
+    def scale(self, name: str) -> ResolvedScale:
+        """The resolved scale ``name`` (shape, recipe, N, model config: `ResolvedScale`).
+
+        Raises KeyError naming the study's scales for a name that is not one of them.
+        """
+        try:
+            return self._resolved[name]
+        except KeyError:
+            raise KeyError(f"no scale {name!r} in study {self.name!r}; scales: {self._scales}") from None
+
     @property
     def scale_shapes(self) -> dict[str, ScaleShape]:
         """Custom scales (inline shapes and ladder rungs) by name; presets are not in it."""
-        return dict(self._shapes)
+        return {n: r.shape for n, r in self._resolved.items() if r.shape is not None}
 
     @property
     def overrides(self) -> list[str]:
@@ -384,7 +395,7 @@ class Study(_Strict):
     @property
     def ladder_rungs(self) -> dict[str, LadderRung]:
         """Ladder rungs by scale name: target N, the shape's exact N and its relative error."""
-        return dict(self._rungs)
+        return {n: r.rung for n, r in self._resolved.items() if r.rung is not None}
 
     @model_validator(mode="after")
     def _resolve(self) -> Study:
@@ -392,7 +403,7 @@ class Study(_Strict):
         reported at their own field paths."""
         ref = next((v for v in self.variants if v.name == self.reference), self.variants[0])  # unknown: _cross_checks
         resolved = resolve_scales(self.scale_entries, [v.model_variant for v in self.variants], ref.model_variant, ref.options)
-        self._scales, self._shapes, self._rungs = resolved.names, resolved.shapes, resolved.rungs
+        self._scales, self._resolved = resolved.names, resolved.scales
         problems = resolved.problems + protocol_problems(self.protocol, self.train.schedule, self.extend)
         if self.tune is not None:
             problems += self._fixed_lrs()
