@@ -9,8 +9,11 @@ lazy because ``cli.py`` imports this module on every command.
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +113,8 @@ def _follow(job_id: str, address: str, allow_insecure: bool) -> None:
     again = f"--address {redact_uri(address)}{' --allow-insecure' if allow_insecure else ''}"
     err.print(f"following job {job_id} until it ends (Ctrl-C stops following, not the job: qkstudy stop {job_id} {again})", highlight=False)
     try:
-        status, message = wait_job(address, job_id, _write, allow_insecure=allow_insecure)
+        with _ctrl_c_interrupts():
+            status, message = wait_job(address, job_id, _write, allow_insecure=allow_insecure)
     except KeyboardInterrupt:
         err.print(
             f"stopped following; job {job_id} keeps running. Follow it again: qkstudy logs {job_id} {again}; "
@@ -121,6 +125,24 @@ def _follow(job_id: str, address: str, allow_insecure: bool) -> None:
     err.print(f"job {job_id}: {status}{f' ({escape(message)})' if message else ''}", highlight=False)
     if status != "SUCCEEDED":
         raise typer.Exit(EXIT_FAILED)
+
+
+@contextmanager
+def _ctrl_c_interrupts() -> Iterator[None]:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt inside the block even in a process started with
+    SIGINT ignored. Python installs its KeyboardInterrupt handler only where SIGINT is not
+    ignored at startup, and a command started in the background of a non-interactive shell
+    (``qkstudy submit ... &`` in a script, a CI job's children) inherits it ignored: there a
+    follow never ends on SIGINT, however the dashboard behaves. Ending a follow leaves the job
+    running, so SIGINT is honoured here; a handler the caller installed is left alone."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _write(chunk: str) -> None:
@@ -137,8 +159,9 @@ def logs_cmd(
     """Print (and follow) a submitted job's logs."""
     from orchestrator.run.driver.submit import follow_logs
 
-    for chunk in follow_logs(address, job_id, follow=follow, allow_insecure=allow_insecure):
-        _write(chunk)
+    with _ctrl_c_interrupts():
+        for chunk in follow_logs(address, job_id, follow=follow, allow_insecure=allow_insecure):
+            _write(chunk)
 
 
 def stop_cmd(

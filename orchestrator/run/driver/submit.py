@@ -430,8 +430,8 @@ def follow_logs(address: str, job_id: str, *, follow: bool = True, allow_insecur
         return
 
     loop = asyncio.new_event_loop()
+    agen = client.tail_job_logs(job_id)
     try:
-        agen = client.tail_job_logs(job_id).__aiter__()
         while True:
             try:
                 yield loop.run_until_complete(agen.__anext__())
@@ -443,8 +443,12 @@ def follow_logs(address: str, job_id: str, *, follow: bool = True, allow_insecur
             for task in pending:
                 task.cancel()
             loop.run_until_complete(asyncio.wait(pending, timeout=CLOSE_WAIT_S))
-        with contextlib.suppress(TimeoutError):
-            loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), CLOSE_WAIT_S))
+        # Interrupted between reads, the stream waits at its yield. The loop does not know it
+        # (its first read began outside the running loop, so shutdown_asyncgens skips it): close
+        # it here, or the garbage collector would, with no loop to close its session in. Still
+        # running (a read that outlived its cancel) it cannot be closed and is left.
+        with contextlib.suppress(TimeoutError, RuntimeError):
+            loop.run_until_complete(asyncio.wait_for(agen.aclose(), CLOSE_WAIT_S))
         loop.close()
 
 
