@@ -110,7 +110,11 @@ def pytest_runtest_protocol(item, nextitem):
 def _workers_by_test(tmp_path: Path, dist: str) -> dict[str, str]:
     (tmp_path / "where_probe.py").write_text(WHERE)
     out = tmp_path / f"where-{dist}.txt"
-    files = ["tests/orchestrator/test_e2e.py", "tests/orchestrator/run/test_unigram_tag.py", "tests/orchestrator/run/test_tuned_study.py"]
+    files = [
+        "tests/orchestrator/test_e2e.py",
+        "tests/orchestrator/run/driver/test_unigram_tag.py",
+        "tests/orchestrator/run/driver/test_tuned_study.py",
+    ]
     env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "WHERE_OUT": str(out), "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "where_probe", "-n", "2", "--dist", dist, "-m", "slow"]

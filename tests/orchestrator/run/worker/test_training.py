@@ -97,9 +97,16 @@ def test_one_and_two_workers_agree_under_zero_2_and_3(local_ray, tmp_path):
     assert _rel(ref_norm[1:10], ref_norm[:9]) > 1e-1
     assert abs(ref_diag["attn/entropy"][-1] / ref_diag["attn/entropy"][0] - 1) > 1e-2
     assert _rel(ref_diag["attn/entropy/std"][1:], ref_diag["attn/entropy/std"][:-1]) > 1e-1
+    # torch.compile's kernels sum in another order, and the difference grows with training: the
+    # compiled run's loss was 1.21e-3 off eager's by step 50 on a 2-core AMD EPYC (the same value on
+    # every rerun: rounding, not noise). It is held to eager's 1e-3 over the first 10 steps and to
+    # the diagnostics' loose factor over the whole curve; the curve moves from step to step by far
+    # more than that (the control).
+    assert _rel(ref[1:], ref[:-1]) > 5e-3
     for name, c in curves.items():
-        worst = _rel(c, ref)
+        worst = _rel(c[:10], ref[:10]) if name.endswith("compiled") else _rel(c, ref)
         assert worst < 1e-3, (name, worst)
+        assert _rel(c, ref) < (5.0 if name.endswith("compiled") else 1.0) * 1e-3, name
         # ZeRO-0 (fp32) gets its norm from the worker, the other stages from DeepSpeed: compared
         # over the first 10 steps. Rounding then grows through training: on an AMD EPYC (CI,
         # 2026-12-07) two workers under ZeRO-0 were within 1.1e-5 of one worker through step 10,
@@ -230,7 +237,7 @@ def test_killed_pack_resumes_and_matches_runs_trained_alone(tmp_path):
     Ray's FailureConfig restarts the workers: the retry skips nothing it should not, resumes
     the first from its checkpoint, trains the second, and both curves equal the same runs
     trained by a worker group each, uninterrupted. (The kill of a driver, and its resubmit,
-    is tests/orchestrator/run/test_faults.py's.)"""
+    is tests/orchestrator/run/faults/test_faults.py's.)"""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     alone, packed = tmp_path / "alone", tmp_path / "packed"
     alone.mkdir(), packed.mkdir()
