@@ -6,14 +6,16 @@ opened by ``MlflowClient`` (which checks the schema revision itself).
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.track import store_template
-from orchestrator.track.store_template import schema_head, seed_store, store_revision, template_path
+from orchestrator.track.store_template import digest_path, schema_head, seed_store, store_revision, template_path
 from orchestrator.track.tracking import client_for, sqlite_uri
 
 
@@ -98,3 +100,45 @@ def test_a_template_folder_that_cannot_be_written_leaves_the_store_to_mlflow(tmp
     assert seed_store(db) is False and not db.exists()
     client_for(sqlite_uri(db)).search_experiments()  # MLflow migrates it as without a template
     assert store_revision(db) == schema_head()
+
+
+def test_a_file_that_only_claims_the_head_revision_is_rebuilt_not_copied(templates, tmp_path):
+    """A template with the right ``alembic_version`` and nothing else (or a damaged one) fails its
+    digest: copied, MLflow would skip its migrations on it and fail on a missing column."""
+    head = schema_head()
+    fake = template_path(head)
+    fake.parent.mkdir(parents=True)
+    con = sqlite3.connect(fake)
+    con.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+    con.execute("INSERT INTO alembic_version VALUES (?)", (head,))
+    con.commit()
+    con.close()
+    assert store_revision(fake) == head  # what the revision check alone would have accepted
+
+    db = tmp_path / "mlflow.db"
+    assert seed_store(db) is True
+    MlflowClient(sqlite_uri(db)).create_experiment("x")  # a whole store
+    assert digest_path(fake).exists() and len(schema(fake)) > 10
+
+    with fake.open("r+b") as f:  # damaged after its build: its digest no longer matches
+        f.seek(200)
+        f.write(b"\0" * 64)
+    assert seed_store(tmp_path / "again.db") is True
+    MlflowClient(sqlite_uri(tmp_path / "again.db")).create_experiment("y")
+
+
+def test_a_seeded_store_has_the_mode_mlflows_own_store_gets(templates, tmp_path):
+    os.umask(old := os.umask(0o022))  # this process's umask, read without changing it
+    migrated = tmp_path / "migrated.db"
+    MlflowClient(sqlite_uri(migrated)).search_experiments()
+    seeded = tmp_path / "seeded.db"
+    seed_store(seeded)
+    mode = stat.S_IMODE(seeded.stat().st_mode)
+    assert mode == stat.S_IMODE(migrated.stat().st_mode) == 0o666 & ~old
+
+
+def test_an_in_memory_or_uri_filename_database_is_left_to_mlflow(templates, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert seed_store(Path(":memory:")) is False
+    assert seed_store(Path("file:x.db")) is False
+    assert list(tmp_path.iterdir()) == []
