@@ -134,7 +134,8 @@ def _ctrl_c_interrupts() -> Iterator[None]:
     ignored at startup, and a command started in the background of a non-interactive shell
     (``qkstudy submit ... &`` in a script, a CI job's children) inherits it ignored: there a
     follow never ends on SIGINT, however the dashboard behaves. Ending a follow leaves the job
-    running, so SIGINT is honoured here; a handler the caller installed is left alone."""
+    running, so SIGINT is honoured here even where a caller ignored it on purpose (``trap '' INT``:
+    the follow ends with exit 130, the job goes on); a handler the caller installed is left alone."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         yield
         return
