@@ -65,7 +65,13 @@ def hit(point: FaultPoint, step: int, run_name: str | None = None) -> None:
         return
     if point is FaultPoint.KILL_AT_STEP:
         os._exit(KILL_EXIT_CODE)
-    threading.Event().wait()  # forever: only the watchdog ends this process
+    block()
+
+
+def block() -> None:
+    """Never return, as a collective waiting on a lost peer would: only the watchdog ends the
+    process (the stall's reason then shows this frame on top of the stuck thread's stack)."""
+    threading.Event().wait()
 
 
 def step_hook(run_name: str | None = None) -> StepHook | None:

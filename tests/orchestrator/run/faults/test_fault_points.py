@@ -4,6 +4,7 @@ kill limited to the run named, the kill exiting the process and the block never 
 import subprocess
 import sys
 import threading
+import traceback
 
 from orchestrator.run import faults
 from orchestrator.run.faults import KILL_EXIT_CODE, KILL_RUN_ENV, FaultPoint, armed_at, hit, step_hook
@@ -59,6 +60,9 @@ def test_the_block_never_returns_at_its_step(monkeypatch):
     t.start()
     t.join(1.0)
     assert t.is_alive()
+    # the stall's reason shows the stuck thread's stack: the hook's frame reads "in block" there
+    names = [f.name for f in traceback.extract_stack(sys._current_frames()[t.ident])]
+    assert "block" in names, names
 
 
 def test_the_kill_comes_before_the_block_at_the_same_step(monkeypatch):
