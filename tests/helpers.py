@@ -44,6 +44,19 @@ TINY_SPEC = {
 }
 
 
+def one_run_spec(name: str) -> dict:
+    """A one-run study (standard, cpu-xs, 10 steps of 8 x 64 tokens) for tests that plan a run
+    and write its records, never train it."""
+    return {
+        "name": name,
+        "scales": ["cpu-xs"],
+        "variants": ["standard"],
+        "tokenizer": {"vocab_size": 512},
+        "budget": {"mode": "tokens", "tokens": 10 * 8 * 64},
+        "train": {"global_batch": 8, "seq_len": 64},
+    }
+
+
 def tiny_spec(name: str, **over) -> dict:
     """``TINY_SPEC`` named ``name`` with top-level keys replaced by ``over``."""
     return {**TINY_SPEC, "name": name, **over}

@@ -31,16 +31,9 @@ from orchestrator.track import lease as lease_mod
 from orchestrator.track.lease import JOB_ID_ENV, STUDY_LEASE, Lease, run_lease_name
 from orchestrator.track.status import study_lease_line, study_status
 from orchestrator.track.tracking import artifact_location, create_run, ensure_experiment
-from tests.helpers import REPO, driver_env, finish_driver, mlflow_store, start_driver
+from tests.helpers import REPO, driver_env, finish_driver, mlflow_store, one_run_spec, start_driver
 
-SPEC = {
-    "name": "wiring",
-    "scales": ["cpu-xs"],
-    "variants": ["standard"],
-    "tokenizer": {"vocab_size": 512},
-    "budget": {"mode": "tokens", "tokens": 10 * 8 * 64},
-    "train": {"global_batch": 8, "seq_len": 64},
-}
+SPEC = one_run_spec("wiring")
 
 
 @pytest.fixture(scope="module")

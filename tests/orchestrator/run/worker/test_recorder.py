@@ -10,16 +10,9 @@ from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.run.worker.recorder import NodePlace, Recorder, log_data_inputs
 from orchestrator.track.tracking import create_run, ensure_experiment, run_status
-from tests.helpers import mlflow_store
+from tests.helpers import mlflow_store, one_run_spec
 
-SPEC = {
-    "name": "rec",
-    "scales": ["cpu-xs"],
-    "variants": ["standard"],
-    "tokenizer": {"vocab_size": 512},
-    "budget": {"mode": "tokens", "tokens": 10 * 8 * 64},
-    "train": {"global_batch": 8, "seq_len": 64},
-}
+SPEC = one_run_spec("rec")
 
 
 @pytest.fixture(scope="module")
