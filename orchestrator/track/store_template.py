@@ -59,13 +59,20 @@ def schema_head() -> str:
 
 
 def template_path(head: str | None = None) -> Path:
-    """The template file of the installed MLflow version and ``head`` (default: ``schema_head()``)."""
+    """The template file of the installed MLflow version and ``head`` (default: ``schema_head()``),
+    under ``$QKSTUDY_STORE_TEMPLATES`` or ``~/.cache/qkstudy/mlflow-store``; nothing is created.
+
+    Raises:
+        RuntimeError: as ``schema_head`` when ``head`` is not given."""
     root = Path(os.environ.get(TEMPLATE_DIR_ENV) or Path.home() / ".cache" / "qkstudy" / "mlflow-store")
     return root / f"mlflow-{importlib.metadata.version('mlflow')}-{head or schema_head()}.db"
 
 
 def store_revision(db: Path) -> str | None:
-    """The ``alembic_version`` of SQLite file ``db``; None when it has none (not an MLflow store)."""
+    """The ``alembic_version`` of SQLite file ``db``; None when it has none (not an MLflow store).
+
+    Raises:
+        sqlite3.OperationalError: ``db`` does not exist or cannot be opened read-only."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         row = con.execute("SELECT version_num FROM alembic_version").fetchone()
