@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 LOCK   := constraints.txt
 HASHED_LOCK := requirements.lock
 
-.PHONY: install demo test test-unit test-slow test-stack test-extended bench lint clean lock lock-gpu audit evidence base-image wheelhouse images images-unlocked stack-up stack-down
+.PHONY: install demo test test-unit test-slow test-stack bench lint clean lock lock-gpu audit evidence base-image wheelhouse images images-unlocked stack-up stack-down
 
 install: $(STAMP)
 
@@ -70,14 +70,7 @@ test-slow: install
 
 test-stack: install
 	@mkdir -p $(TIERDIR)
-	$(PYTEST) -n $(SLOW_WORKERS) --dist loadgroup -m "stack and not extended" --junitxml=$(TIERDIR)/stack.xml tests | tee $(TIERDIR)/stack-durations.txt; exit $${PIPESTATUS[0]}
-
-# Stack tests too costly for every change (`extended`: CONTRIBUTING.md names them and why); not
-# part of `make test`. Run them before a change to what they cover: autoscaling, node loss, a
-# plug-in shipped to another node.
-test-extended: install
-	@mkdir -p $(TIERDIR)
-	$(PYTEST) -n $(SLOW_WORKERS) --dist loadgroup -m extended --junitxml=$(TIERDIR)/extended.xml tests | tee $(TIERDIR)/extended-durations.txt; exit $${PIPESTATUS[0]}
+	$(PYTEST) -n $(SLOW_WORKERS) --dist loadgroup -m stack --junitxml=$(TIERDIR)/stack.xml tests | tee $(TIERDIR)/stack-durations.txt; exit $${PIPESTATUS[0]}
 
 test: install
 	@rc=0; for t in unit slow stack; do $(MAKE) --no-print-directory test-$$t || rc=1; done; \

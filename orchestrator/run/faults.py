@@ -12,6 +12,10 @@ done that many optimizer steps:
   limits it to the run of that name (one run of a pack).
 - ``FaultPoint.BLOCK_AT_STEP`` (``QKSTUDY_TEST_BLOCK_AT_STEP``): the step never returns (as a
   collective waiting on a lost peer would); only the watchdog ends the process.
+- ``FaultPoint.HOLD_AT_STEP`` (``QKSTUDY_TEST_HOLD_AT_STEP``): the run stops at that step and
+  says so by creating the file ``QKSTUDY_TEST_HOLD_FILE`` names; it goes on when the test
+  deletes the file. A test that kills something mid-run waits for the file and kills at a known
+  step, instead of sleeping and hoping the run is still training.
 
 The worker loop installs them for a worker group's first attempt only (no checkpoint existed
 when it started), so a retried group resumes instead of failing again (``step_hook``).
@@ -22,11 +26,15 @@ from __future__ import annotations
 import enum
 import os
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["KILL_EXIT_CODE", "KILL_RUN_ENV", "FaultPoint", "StepHook", "armed_at", "hit", "step_hook"]
+__all__ = ["HOLD_FILE_ENV", "KILL_EXIT_CODE", "KILL_RUN_ENV", "FaultPoint", "StepHook", "armed_at", "hit", "step_hook"]
 
 KILL_RUN_ENV = "QKSTUDY_TEST_KILL_RUN"  # when set: only the run of this name is killed
+HOLD_FILE_ENV = "QKSTUDY_TEST_HOLD_FILE"  # the file a held run creates, and waits for the test to delete
+HOLD_POLL_S = 0.1
 KILL_EXIT_CODE = 17
 
 # Called before each optimizer step with the number of steps done so far.
@@ -38,6 +46,7 @@ class FaultPoint(enum.Enum):
 
     KILL_AT_STEP = "QKSTUDY_TEST_KILL_AT_STEP"
     BLOCK_AT_STEP = "QKSTUDY_TEST_BLOCK_AT_STEP"
+    HOLD_AT_STEP = "QKSTUDY_TEST_HOLD_AT_STEP"
 
     @property
     def env(self) -> str:
@@ -48,10 +57,16 @@ class FaultPoint(enum.Enum):
 def armed_at(point: FaultPoint, run_name: str | None = None) -> int | None:
     """The step count at which ``point`` fires for the run ``run_name``, or None when it is
     disarmed: its variable unset or 0, or (``KILL_AT_STEP``) ``KILL_RUN_ENV`` naming another
-    run. A ``run_name`` of None matches any run."""
+    run. A ``run_name`` of None matches any run.
+
+    Raises:
+        ValueError: ``HOLD_AT_STEP`` armed without ``QKSTUDY_TEST_HOLD_FILE``.
+    """
     at = int(os.environ.get(point.env, "0"))
     if not at:
         return None
+    if point is FaultPoint.HOLD_AT_STEP and not os.environ.get(HOLD_FILE_ENV):
+        raise ValueError(f"{point.env} is set but {HOLD_FILE_ENV} is not: the held run has no file to say it is held")
     only = os.environ.get(KILL_RUN_ENV) if point is FaultPoint.KILL_AT_STEP else None
     if only and run_name is not None and only != run_name:
         return None
@@ -60,12 +75,26 @@ def armed_at(point: FaultPoint, run_name: str | None = None) -> int | None:
 
 def hit(point: FaultPoint, step: int, run_name: str | None = None) -> None:
     """Fail as ``point`` says when it is armed for ``run_name`` at ``step`` (steps done so
-    far); otherwise return at once. Never returns once fired."""
+    far); otherwise return at once. Once fired, a kill or a block never returns; a hold returns
+    when the test deletes its file."""
     if armed_at(point, run_name) != step:
         return
     if point is FaultPoint.KILL_AT_STEP:
         os._exit(KILL_EXIT_CODE)
+    if point is FaultPoint.HOLD_AT_STEP:
+        hold(Path(os.environ[HOLD_FILE_ENV]))
+        return
     block()
+
+
+def hold(path: Path) -> None:
+    """Create ``path`` (every process of the run does; the first creates it) and wait until it
+    is deleted: the test that armed the hold does its work at this known step, then deletes the
+    file, or kills the process while it waits here."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    while path.exists():
+        time.sleep(HOLD_POLL_S)
 
 
 def block() -> None:

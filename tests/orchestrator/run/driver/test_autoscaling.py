@@ -32,7 +32,6 @@ def _monitor_log(c) -> str:
     return "\n".join(f.read_text(errors="replace") for f in Path(c.nodes["head"][1]).glob("session_*/logs/monitor.log"))
 
 
-@pytest.mark.extended  # not in `make test`: `make test-extended` (CONTRIBUTING.md)
 def test_a_study_trains_on_nodes_the_autoscaler_adds_and_they_go_when_idle(autoscaling, tmp_path, record_property):
     c, env = autoscaling
     t0 = time.time()

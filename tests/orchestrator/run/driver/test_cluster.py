@@ -1,6 +1,6 @@
 """A real two-node Ray cluster on loopback (`ray start --head`, then `ray start --address`):
-`qkstudy submit` sends a tiny study through the Job Submission API, every run finishes in
-MLflow, and resubmitting trains nothing new; a plug-in variant's study travels with its job."""
+`qkstudy submit` sends a tiny study with a plug-in variant through the Job Submission API (the
+plug-in travels with its job), every run finishes in MLflow, and resubmitting trains nothing new."""
 
 import json
 import os
@@ -62,16 +62,21 @@ def _wait(url, job_id, env, cwd):
     return st, logs
 
 
-def test_submit_to_two_node_cluster_then_resubmit(cluster):
+def test_submit_a_plug_in_study_to_two_node_cluster_then_resubmit(cluster):
+    """The spec and its plug-in one folder below the uploaded working dir: neither the job's
+    working dir nor the nodes' environment has the module, only the job's ``py_modules``."""
     url, env, tmp = cluster
     study_dir = tmp / "study"
-    study_dir.mkdir()
-    (study_dir / "cluster.yaml").write_text(SPEC.format(workdir=tmp / "work"))
+    (study_dir / "exp").mkdir(parents=True)
+    shutil.copytree(REPO / "examples" / "gated_qk" / "qkstudy_gated_qk", study_dir / "exp" / "qkstudy_gated_qk")
+    spec = yaml.safe_load(SPEC.format(workdir=tmp / "work"))
+    spec.update(plugins=["qkstudy_gated_qk"], variants=["standard", "coupled", "gated_qk"])
+    (study_dir / "exp" / "cluster.yaml").write_text(yaml.safe_dump(spec))
     env = {**env, "QKSTUDY_CACHE": str(tmp / "cache")}
 
     # First submission uploads the spec and the code packages (an allow-list) as a Ray package, and follows
     # the job to its end: exit 0 when it succeeded, the job id on stdout's first line, its logs after.
-    res = _qk("submit", "cluster.yaml", "--address", url, cwd=study_dir, env=env)
+    res = _qk("submit", "exp/cluster.yaml", "--address", url, cwd=study_dir, env=env)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     job_id, *logs = res.stdout.splitlines()
     assert f"job {job_id}: SUCCEEDED" in res.stderr and re.search(r"uploading \d+ files", res.stderr)
@@ -81,8 +86,10 @@ def test_submit_to_two_node_cluster_then_resubmit(cluster):
     c = MlflowClient(f"sqlite:///{tmp / 'work' / 'mlflow.db'}")
     exp = c.get_experiment_by_name("cluster")
     runs = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
-    assert sorted(r.data.tags["qkstudy.variant"] for r in runs) == ["coupled", "standard"]
+    by_variant = {r.data.tags["qkstudy.variant"]: r for r in runs}
+    assert sorted(by_variant) == ["coupled", "gated_qk", "standard"]
     assert all(r.data.tags["qkstudy.status"] == "finished" and r.data.metrics["tokens"] == 10240 for r in runs)
+    assert by_variant["gated_qk"].data.params["plugin.module"] == "qkstudy_gated_qk"
 
     st = json.loads(
         _qk(
@@ -97,14 +104,14 @@ def test_submit_to_two_node_cluster_then_resubmit(cluster):
             env=env,
         ).stdout
     )
-    assert [r["status"] for r in st["runs"]] == ["finished", "finished"]
+    assert [r["status"] for r in st["runs"]] == ["finished"] * 3
     assert [j["job_id"] for j in st["jobs"]] == [job_id]
 
-    # The resubmission reads the spec in place (shared storage, code in the image): --no-upload.
-    res = _qk("submit", "cluster.yaml", "--address", url, "--no-upload", "--no-wait", cwd=study_dir, env=env)
+    # The resubmission reads the spec and its plug-in in place (shared storage, code in the image): --no-upload.
+    res = _qk("submit", "exp/cluster.yaml", "--address", url, "--no-upload", "--no-wait", cwd=study_dir, env=env)
     status, logs = _wait(url, res.stdout.strip(), env, study_dir)
     assert status == "SUCCEEDED", logs[-4000:]
-    assert "2 run(s) already finished in MLflow: skipped" in logs
+    assert "3 run(s) already finished in MLflow: skipped" in logs
     again = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
     assert {r.info.run_id for r in again} == {r.info.run_id for r in runs}
     assert all(c.get_metric_history(r.info.run_id, "tokens")[-1].step == 10240 for r in again)
@@ -114,27 +121,3 @@ def test_submit_refuses_plain_http_to_remote_host(tmp_path):
     (tmp_path / "s.yaml").write_text(SPEC.format(workdir=tmp_path / "w"))
     res = _qk("submit", "s.yaml", "--address", "http://203.0.113.7:8265", cwd=tmp_path, env=dict(os.environ))
     assert res.returncode == 2 and "refusing to submit" in res.stderr
-
-
-@pytest.mark.extended  # not in `make test`: `make test-extended` (CONTRIBUTING.md)
-def test_submit_a_plug_in_study_to_the_two_node_cluster(cluster):
-    """The spec and its plug-in one folder below the uploaded working dir: neither the job's
-    working dir nor the nodes' environment has the module, only the job's ``py_modules``."""
-    url, env, tmp = cluster
-    upload = tmp / "plugin-upload"
-    (upload / "exp").mkdir(parents=True)
-    shutil.copytree(REPO / "examples" / "gated_qk" / "qkstudy_gated_qk", upload / "exp" / "qkstudy_gated_qk")
-    spec = yaml.safe_load(SPEC.format(workdir=tmp / "plugin-work"))
-    spec.update(name="plugin-cluster", plugins=["qkstudy_gated_qk"], variants=["standard", "gated_qk"])
-    (upload / "exp" / "plug.yaml").write_text(yaml.safe_dump(spec))
-    env = {**env, "QKSTUDY_CACHE": str(tmp / "cache")}
-    res = _qk("submit", "exp/plug.yaml", "--address", url, "--no-wait", cwd=upload, env=env)
-    assert res.returncode == 0, res.stderr
-    status, logs = _wait(url, res.stdout.strip(), env, upload)
-    assert status == "SUCCEEDED", logs[-4000:]
-    c = MlflowClient(f"sqlite:///{tmp / 'plugin-work' / 'mlflow.db'}")
-    runs = c.search_runs([c.get_experiment_by_name("plugin-cluster").experiment_id], "tags.`qkstudy.kind` = 'train'")
-    by_variant = {r.data.tags["qkstudy.variant"]: r for r in runs}
-    assert set(by_variant) == {"standard", "gated_qk"}
-    assert all(r.data.tags["qkstudy.status"] == "finished" and r.data.metrics["tokens"] == 10240 for r in runs)
-    assert by_variant["gated_qk"].data.params["plugin.module"] == "qkstudy_gated_qk"

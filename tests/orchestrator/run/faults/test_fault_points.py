@@ -1,24 +1,29 @@
 """The fault points tests arm through the environment (``run.faults``): off unless asked, the
-kill limited to the run named, the kill exiting the process and the block never returning."""
+kill limited to the run named, the kill exiting the process, the block never returning and the
+hold waiting for its test."""
 
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
-from orchestrator.run import faults
-from orchestrator.run.faults import KILL_EXIT_CODE, KILL_RUN_ENV, FaultPoint, armed_at, hit, step_hook
+import pytest
 
-KILL, BLOCK = FaultPoint.KILL_AT_STEP, FaultPoint.BLOCK_AT_STEP
+from orchestrator.run import faults
+from orchestrator.run.faults import HOLD_FILE_ENV, KILL_EXIT_CODE, KILL_RUN_ENV, FaultPoint, armed_at, hit, step_hook
+
+KILL, BLOCK, HOLD = FaultPoint.KILL_AT_STEP, FaultPoint.BLOCK_AT_STEP, FaultPoint.HOLD_AT_STEP
 
 
 def _disarm(monkeypatch):
-    for name in (KILL.env, BLOCK.env, KILL_RUN_ENV):
+    for name in (KILL.env, BLOCK.env, HOLD.env, KILL_RUN_ENV, HOLD_FILE_ENV):
         monkeypatch.delenv(name, raising=False)
 
 
 def test_the_variable_names_tests_set():
     assert (KILL.env, BLOCK.env, KILL_RUN_ENV) == ("QKSTUDY_TEST_KILL_AT_STEP", "QKSTUDY_TEST_BLOCK_AT_STEP", "QKSTUDY_TEST_KILL_RUN")
+    assert (HOLD.env, HOLD_FILE_ENV) == ("QKSTUDY_TEST_HOLD_AT_STEP", "QKSTUDY_TEST_HOLD_FILE")
 
 
 def test_nothing_is_armed_unless_asked(monkeypatch):
@@ -73,3 +78,31 @@ def test_the_kill_comes_before_the_block_at_the_same_step(monkeypatch):
     monkeypatch.setattr(faults, "hit", lambda point, step, run_name=None: hits.append(point))
     step_hook("r")(2)
     assert hits == [KILL, BLOCK]
+
+
+def test_the_hold_says_it_is_held_and_goes_on_when_its_file_is_deleted(monkeypatch, tmp_path):
+    _disarm(monkeypatch)
+    held = tmp_path / "sub" / "held"
+    monkeypatch.setenv(HOLD.env, "3")
+    monkeypatch.setenv(HOLD_FILE_ENV, str(held))
+    hook = step_hook("r")
+    hook(2)  # any other step returns at once
+    assert not held.exists()
+    t = threading.Thread(target=hook, args=(3,), daemon=True)
+    t.start()
+    deadline = time.time() + 30
+    while not held.exists():
+        assert time.time() < deadline and t.is_alive(), "the held run never said so"
+        time.sleep(0.01)
+    t.join(0.5)
+    assert t.is_alive()  # held while the file is there
+    held.unlink()
+    t.join(10)
+    assert not t.is_alive()  # released: the step goes on
+
+
+def test_a_hold_without_its_file_is_refused_by_name(monkeypatch):
+    _disarm(monkeypatch)
+    monkeypatch.setenv(HOLD.env, "3")
+    with pytest.raises(ValueError, match="QKSTUDY_TEST_HOLD_AT_STEP is set but QKSTUDY_TEST_HOLD_FILE is not"):
+        step_hook("r")

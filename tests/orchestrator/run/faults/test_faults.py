@@ -92,33 +92,33 @@ def _registered(snapshot: Path) -> bool:
 
 
 def test_killed_driver_is_taken_over_at_once_and_resumes_with_no_repeated_step(tmp_path):
-    # 300 steps, a checkpoint every 30: on an idle machine cpu-xs trains ~15 steps/s, so a budget of a few
-    # dozen steps ends before the kill lands and the test would measure nothing (asserted below)
-    steps_total = 300
+    # 40 steps, a checkpoint every 4; the run is held two steps past its first (a fault point),
+    # so the kill lands mid-run at a known step whatever the machine's speed
+    steps_total, ckpt_every = 40, 4
+    hold_at, held = ckpt_every + 2, tmp_path / "held"
     spec = write_spec(
         tmp_path,
         "killed",
         budget={"mode": "tokens", "tokens": steps_total * TPS},
-        eval={**TINY_SPEC["eval"], "num_evals": 10},
+        eval={**TINY_SPEC["eval"], "num_evals": steps_total // ckpt_every},
         resources={"workers": 2, "cpus_per_worker": 1, "zero_stage": 2},
     )
     (run,) = plan_json(spec)
-    env = driver_env()
+    env = driver_env(QKSTUDY_TEST_HOLD_AT_STEP=str(hold_at), QKSTUDY_TEST_HOLD_FILE=str(held))
     first = start_driver(spec, env)
     try:
         # a checkpoint Ray Train registered (in its snapshot), not only written: that is what a new trainer resumes
         snapshot = tmp_path / "runs/killed/ray" / run["run_id"] / "checkpoint_manager_snapshot.json"
         deadline = time.time() + 600
-        while time.time() < deadline and first.poll() is None and not _registered(snapshot):
-            time.sleep(0.5)
-        assert _registered(snapshot), "no checkpoint was registered"
-        time.sleep(0.5)  # a few steps past the checkpoint: they are trained again after the resume
+        while time.time() < deadline and first.poll() is None and not (held.exists() and _registered(snapshot)):
+            time.sleep(0.2)
+        assert held.exists() and _registered(snapshot), "the run was not held past a registered checkpoint"
         os.kill(first.pid, signal.SIGKILL)  # the driver only, as a user's kill -9 would
         t_kill = time.time()
         first.wait()
         c, runs = study_runs(tmp_path, "killed")
         logged_before = steps(c, runs[run["run_id"]].info.run_id)
-        assert logged_before and logged_before[-1] < steps_total * TPS, "the run ended before the kill: nothing to resume"
+        assert logged_before and ckpt_every * TPS <= logged_before[-1] <= hold_at * TPS, logged_before
         second = start_driver(spec, env)
         err = finish_driver(second)
     finally:
@@ -133,11 +133,10 @@ def test_killed_driver_is_taken_over_at_once_and_resumes_with_no_repeated_step(t
     r = runs[run["run_id"]]
     assert_every_step_once(steps(c, r.info.run_id), steps_total)
     assert r.data.tags["qkstudy.status"] == "finished" and r.data.tags.get("qkstudy.restarts") == "1", (r.data.tags, err[-3000:])
-    # From a checkpoint (every 30 steps), not from scratch. It can be past what MLflow showed at
-    # the kill: the driver alone was killed, and its Ray workers train on (buffering their points)
-    # until its reaper ends them a few seconds later; a checkpoint they register then is the newest.
+    # From the checkpoint the run was held past, not from scratch: its Ray workers, held until
+    # the driver's reaper ended them, registered none newer.
     resumed = int(r.data.tags["qkstudy.resumed_from_tokens"])
-    assert 0 < resumed < steps_total * TPS and resumed % (30 * TPS) == 0, resumed
+    assert resumed == ckpt_every * TPS, resumed
     print(
         f"\n[kill -9] {len(logged_before)} steps in MLflow at the kill, resumed from step {resumed // TPS}: "
         f"0 logged twice, 0 lost; lease taken over {took_over_s:.1f} s after the kill (driver start-up included)"

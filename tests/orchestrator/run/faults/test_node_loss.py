@@ -1,7 +1,8 @@
 """A worker node lost mid-run, on a real loopback Ray cluster: the head has
 no CPUs, so the run's Ray Train workers can only land on the worker node; that node is
-SIGKILLed (every one of its processes at once, as a lost machine) right after the run's first
-registered checkpoint, and a fresh node joins as an autoscaler would bring one. The study's
+SIGKILLed (every one of its processes at once, as a lost machine) while the run is held two
+steps past its first registered checkpoint (``FaultPoint.HOLD_AT_STEP``, armed on that node
+only), and a fresh node joins as an autoscaler would bring one. The study's
 driver, the pack's trainer task and Ray Train's controller live on the head
 (``progress.on_driver_node``), so they survive; Ray Train restarts the worker group on the new
 node from the checkpoint on shared storage, and the study completes with every step logged
@@ -21,14 +22,16 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from orchestrator.run.faults import HOLD_FILE_ENV, FaultPoint
 from tests.fixtures.cluster import process_alive
 from tests.helpers import qk
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
 TPS = 8 * 64  # tokens per optimizer step
-STEPS = 300  # cpu-xs trains ~15 steps/s idle: long enough that the kill lands mid-run (asserted)
+STEPS = 40
 CKPT_EVERY = STEPS // 10  # a checkpoint per eval: the spec's num_evals
+HOLD_AT = CKPT_EVERY + 2  # the kill lands here: two steps past the first checkpoint, trained again after the resume
 SPEC = """\
 name: nodeloss
 corpus: {{source: stdlib, max_documents: 60}}
@@ -65,11 +68,11 @@ def _registered(storage: Path) -> bool:
     return False
 
 
-@pytest.mark.extended  # not in `make test`: `make test-extended` (CONTRIBUTING.md)
 def test_losing_the_worker_node_mid_run_resumes_on_a_new_node_and_the_study_completes(loopback_cluster):
     cluster = loopback_cluster(head_cpus=0)
-    cluster.add_worker("nodea", cpus=2)
     tmp = cluster.tmp
+    held = tmp / "held"
+    cluster.add_worker("nodea", cpus=2, env={FaultPoint.HOLD_AT_STEP.env: str(HOLD_AT), HOLD_FILE_ENV: str(held)})
     study_dir = tmp / "study"
     study_dir.mkdir()
     (study_dir / "nodeloss.yaml").write_text(SPEC.format(workdir=tmp / "work", tokens=STEPS * TPS))
@@ -79,12 +82,11 @@ def test_losing_the_worker_node_mid_run_resumes_on_a_new_node_and_the_study_comp
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.strip()
     deadline = time.time() + 600
-    while not _registered(tmp / "work" / "ray"):
+    while not (held.exists() and _registered(tmp / "work" / "ray")):
         assert time.time() < deadline and _job_status(cluster.url, job_id, env) in ("PENDING", "RUNNING"), _qk(
             "logs", job_id, "--address", cluster.url, "--no-follow", cwd=study_dir, env=env
         ).stdout[-4000:]
         time.sleep(0.5)
-    time.sleep(0.5)  # a few steps past the checkpoint: trained again after the resume
     cluster.kill_node("nodea")
     t_kill = time.time()
 
@@ -93,7 +95,7 @@ def test_losing_the_worker_node_mid_run_resumes_on_a_new_node_and_the_study_comp
     exp = c.get_experiment_by_name("nodeloss")
     (r,) = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
     before = [m.step for m in c.get_metric_history(r.info.run_id, "train/loss")]
-    assert before and before[-1] < STEPS * TPS, "the run ended before the node was lost: nothing to resume"
+    assert before and CKPT_EVERY * TPS <= before[-1] <= HOLD_AT * TPS, before  # flushed up to its checkpoint at least
 
     cluster.add_worker("nodeb", cpus=2)
     deadline = time.time() + 600
@@ -109,10 +111,10 @@ def test_losing_the_worker_node_mid_run_resumes_on_a_new_node_and_the_study_comp
     assert steps == [TPS * i for i in range(1, STEPS + 1)], steps  # none twice, none lost
     assert r.data.tags["qkstudy.status"] == "finished" and int(r.data.tags.get("qkstudy.restarts", "0")) >= 1, r.data.tags
     resumed = int(r.data.tags["qkstudy.resumed_from_tokens"])
-    # From a registered checkpoint, not from scratch, and none newer than MLflow showed at the
-    # kill: a run flushes its points before it checkpoints, and the node's workers died with it
-    # (``kill_node``: Ray workers outlive a process-group kill, as they did before, step 60).
-    assert 0 < resumed <= before[-1] and resumed % (CKPT_EVERY * TPS) == 0, (resumed, before[-1])
+    # From the registered checkpoint, not from scratch, and none newer: the run was held before
+    # its next one, and the node's workers died with it (``kill_node``: Ray workers outlive a
+    # process-group kill, as they did before, step 60).
+    assert resumed == CKPT_EVERY * TPS, (resumed, before[-1])
     first_new = min(m.timestamp for m in hist if m.step > before[-1]) / 1000
     print(
         f"\n[node loss] {len(before)} steps in MLflow when the node was killed, resumed from step {resumed // TPS} "
