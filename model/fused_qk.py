@@ -17,7 +17,8 @@ function; `QK_IMPLS` names them:
   (parameters are arguments, not module state): a process compiles once per integrator,
   step count and shape.
 * "auto" (default) picks: eager when no gradient is being recorded (evaluation: nothing to
-  fuse in a backward); compile on CUDA when Triton is importable; eager under autocast
+  fuse in a backward); compile on CUDA when it can build there (`model.toolchain`: Triton, a C
+  compiler and Python.h; without them it logs why once and goes on below); eager under autocast
   elsewhere (the fused Functions run in their inputs' dtypes, autocast's casts would not
   reach their backward); fused otherwise, i.e. CPU training. Measured at cpu-s on 2 shared
   cores, one thread (BENCHMARKS.md, 2026-12-01 11:54): step-time ratio to standard eager
@@ -35,12 +36,14 @@ and f runs on [G, M, head_dim] groups (G = 1: M = N * H rows, one GEMM; G = H: M
 from __future__ import annotations
 
 import functools
-import importlib.util
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from model.toolchain import compile_unavailable
 
 QK_IMPLS = ("auto", "eager", "fused", "compile")
 Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # w1, b1, w2, b2
@@ -55,22 +58,33 @@ def check_impl(impl: str) -> str:
 
 def resolve_impl(impl: str, x: torch.Tensor) -> str:
     """The implementation that runs for input x: impl itself, or what "auto" picks (module
-    docstring). Raises RuntimeError for "fused" under autocast (unsupported, see above)."""
+    docstring).
+
+    Raises:
+        RuntimeError: "fused" under autocast (unsupported, see above); "compile" where
+            torch.compile cannot build (`model.toolchain.compile_unavailable` names what is missing).
+    """
     autocast = torch.is_autocast_enabled(x.device.type)
     if impl == "auto":
         if not torch.is_grad_enabled():
             return "eager"
-        if x.device.type == "cuda" and _has_triton():
-            return "compile"
+        if x.device.type == "cuda":
+            why = compile_unavailable("cuda")
+            if why is None:
+                return "compile"
+            _warn_no_compile(why)
         return "eager" if autocast else "fused"
     if impl == "fused" and autocast:
         raise RuntimeError("the fused QK transform does not run under autocast; use 'compile' or 'eager'")
+    if impl == "compile" and (why := compile_unavailable(x.device.type)):
+        raise RuntimeError(f"the QK transform cannot compile: {why}; use 'eager' or 'fused', or install them")
     return impl
 
 
 @functools.cache
-def _has_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
+def _warn_no_compile(why: str) -> None:
+    """Said once per process and reason: the fallback changes the arm's speed, never its math."""
+    logging.getLogger(__name__).warning("QK transform: %s; running it uncompiled (eager or fused) instead", why)
 
 
 _COMPILED: dict[Callable, Callable] = {}

@@ -60,7 +60,8 @@ class ResourcesSpec(BaseModel):
 
     workers: int = Field(default=1, gt=0)
     cpus_per_worker: float = Field(default=1.0, gt=0)
-    gpus_per_worker: float = Field(default=0.0, ge=0)
+    # 0 (CPU) or 1: a worker is one rank driving one device (DeepSpeed's LOCAL_RANK device).
+    gpus_per_worker: float = 0.0
     zero_stage: Literal[0, 1, 2, 3] = 2
     max_retries: int = Field(default=1, ge=0)
     # Runs trained back to back by one Ray Train worker group. Starting a group (controller,
@@ -78,6 +79,15 @@ class ResourcesSpec(BaseModel):
     # Memory of one device (GiB); `validate`/`run` refuse a run whose estimate
     # (orchestrator.plan.memory) exceeds it. None: not checked.
     device_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _one_device_per_worker(cls, v: float) -> float:
+        # A fraction packs two ranks on one GPU, which NCCL refuses; more than one leaves Ray's
+        # devices and the one DeepSpeed drives (LOCAL_RANK) disagreeing: more workers instead.
+        if v not in (0, 1):
+            raise ValueError(f"must be 0 (CPU) or 1 (got {v!r}): a worker drives one GPU; for more GPUs per run, use more workers")
+        return v
 
     @field_validator("runs_per_trainer", mode="before")
     @classmethod

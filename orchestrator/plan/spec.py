@@ -128,7 +128,7 @@ class VariantSpec(_Strict):
 class DeclaredMFU(_Strict):
     """A declared model FLOPs utilization: the share ``mfu`` of each device's peak dense bf16
     FLOP/s the runs are expected to use, the peak given as ``peak_tflops`` or by ``device``
-    name (``orchestrator.plan.devices.PEAK_FLOPS``: H100, H200, A100, L40S, A10G, L4)."""
+    name (``orchestrator.plan.devices.PEAK_FLOPS``: H100, H100 PCIe, H100 NVL, H200, H200 NVL, A100, L40S, A10G, L4)."""
 
     mfu: float = Field(gt=0, le=1)
     peak_tflops: float | None = Field(default=None, gt=0, allow_inf_nan=False)

@@ -135,6 +135,8 @@ BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or 
         STUDY.replace("[cpu-xs]", "[{name: w96, n_layer: 2, d_model: 96, n_head: 3}]").replace("coupled]", "differential]"),
         "scales[0].n_head: variant 'differential' pairs heads",
     ),
+    "half a GPU per worker": (STUDY + "resources: {gpus_per_worker: 0.5}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 0.5)"),
+    "two GPUs per worker": (STUDY + "resources: {gpus_per_worker: 2}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 2.0)"),
 }
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from model.toolchain import compile_unavailable
 from orchestrator.plan.contract import RunSpec
 from orchestrator.run import faults
 from orchestrator.run.checkpoint import CKPT_TAG, FALLBACK_KEY, save_share
@@ -256,6 +257,10 @@ class RunLoop:
             ended = self._ended_earlier()
             if ended:
                 return ended
+            why = self.run.resources.compile and compile_unavailable("cuda" if self.on_gpu else "cpu")
+            if why:  # nothing a retry changes: the run fails once, with the reason, and the study goes on
+                self._open_record({"step": 0}).failed(0, f"resources.compile is set, but {why}")
+                return STATUS_FAILED
             self._build()
             state = self._branch_start(self._restore())
             self.timeline.mark("restore")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 GPUS = 64
 
 
-def _study(workers=4, gpus=1):
+def _study(workers=4, gpus=1, cpus=1):
     return parse_spec(
         {
             "name": "sched",
@@ -36,7 +36,7 @@ def _study(workers=4, gpus=1):
             "seeds": [0, 1, 2],
             "budget": {"mode": "flops", "tokens_per_param": 20},
             "extend": [1.5, 2, 2.4, 3],
-            "resources": {"workers": workers, "gpus_per_worker": gpus, "cpus_per_worker": 1},
+            "resources": {"workers": workers, "gpus_per_worker": gpus, "cpus_per_worker": cpus},
         }
     )
 
@@ -141,7 +141,9 @@ def test_unschedulable_run_is_reported(logical_cluster):
 
 def test_unschedulable_across_nodes():
     nodes = [{"CPU": 8, "GPU": 4}, {"CPU": 8, "GPU": 4}]
-    (run, *_) = plan(_study(workers=1, gpus=6))  # 6 GPUs in one worker: no node has them
+    (run, *_) = plan(_study(workers=1, cpus=12))  # 12 CPUs in one worker: no node has them
     assert "needs 1 workers" in unschedulable_reason(run, nodes)
-    (run, *_) = plan(_study(workers=2, gpus=4))
+    (run, *_) = plan(_study(workers=8, cpus=2))  # 4 workers on each node
     assert unschedulable_reason(run, nodes) is None
+    (run, *_) = plan(_study(workers=8, cpus=3))  # only 2 fit each node's 8 CPUs
+    assert "needs 8 workers" in unschedulable_reason(run, nodes)

@@ -24,6 +24,9 @@ def test_mfu_on_known_numbers():
 def test_peak_flops_by_device_name():
     assert peak_flops_of("NVIDIA H100 80GB HBM3") == 989e12
     assert peak_flops_of("NVIDIA H200") == 989e12
+    # the form factors torch names, each its own peak (the SXM one for all of them made MFU 15-24% low)
+    assert peak_flops_of("NVIDIA H100 PCIe") == 756e12 and peak_flops_of("NVIDIA H100 NVL") == 835e12
+    assert peak_flops_of("NVIDIA H200 NVL") == 835e12
     assert peak_flops_of("NVIDIA A100-SXM4-40GB") == 312e12
     assert peak_flops_of("NVIDIA L40S") == 362e12  # not taken for an L4
     assert peak_flops_of("NVIDIA L4") == 121e12
