@@ -16,7 +16,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 __all__ = ["IDENTITY_VERSION", "PlanError", "ResourcesSpec", "RunSpec", "TrainRecipe", "run_identity"]
 
@@ -62,6 +62,8 @@ class ResourcesSpec(BaseModel):
     cpus_per_worker: float = Field(default=1.0, gt=0)
     # 0 (CPU) or 1: a worker is one rank driving one device (DeepSpeed's LOCAL_RANK device).
     gpus_per_worker: float = 0.0
+    # Unset: 1 with GPUs, 2 on CPU. With GPUs (bf16) only stage 1 is accepted: it is the one
+    # stage where DeepSpeed accumulates gradients in fp32 (run.worker.optim.deepspeed_config).
     zero_stage: Literal[0, 1, 2, 3] = 2
     max_retries: int = Field(default=1, ge=0)
     # Runs trained back to back by one Ray Train worker group. Starting a group (controller,
@@ -79,6 +81,23 @@ class ResourcesSpec(BaseModel):
     # Memory of one device (GiB); `validate`/`run` refuse a run whose estimate
     # (orchestrator.plan.memory) exceeds it. None: not checked.
     device_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_stage_by_device(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("zero_stage") is None:
+            return {**data, "zero_stage": 1 if data.get("gpus_per_worker") else 2}
+        return data
+
+    @field_validator("zero_stage")
+    @classmethod
+    def _fp32_accumulation_on_gpu(cls, v: int, info: ValidationInfo) -> int:
+        if info.data.get("gpus_per_worker") and v != 1:
+            raise ValueError(
+                f"must be 1 with GPUs (got {v}): only ZeRO stage 1 accumulates bf16 gradients in fp32 in DeepSpeed "
+                "(stage 0 refuses fp32 accumulation, stages 2 and 3 accumulate in bf16)"
+            )
+        return v
 
     @field_validator("gpus_per_worker")
     @classmethod

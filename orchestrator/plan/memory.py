@@ -9,7 +9,9 @@ gradients, stage 3 also the weights:
     stage 1: (w + g) Psi + k Psi / N  stage 3: (w + g + k) Psi / N
 
 Precision follows the worker (``run.worker.optim.deepspeed_config``): bf16 on GPU (w = g = 2,
-k = 12: fp32 master weights and AdamW's two moments), fp32 on CPU (w = g = 4; k = 8 for
+k = 12: fp32 master weights and AdamW's two moments, the paper's mixed precision), plus, under
+stage 1, the fp32 gradient DeepSpeed's BF16_Optimizer accumulates in (g = 6; a GPU run is
+stage 1), fp32 on CPU (w = g = 4; k = 8 for
 AdamW's two moments, 12 under ZeRO >= 1, where DeepSpeed keeps its own fp32 copy of the
 partition it steps).
 
@@ -56,7 +58,7 @@ class MemoryEstimate:
 def bytes_per_param(bf16: bool, zero_stage: int) -> tuple[int, int, int]:
     """(w, g, k): bytes per parameter of weights, gradients and optimizer states (module docstring)."""
     if bf16:
-        return 2, 2, 12
+        return 2, 6 if zero_stage == 1 else 2, 12
     return 4, 4, 8 if zero_stage == 0 else 12
 
 

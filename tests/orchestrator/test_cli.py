@@ -137,6 +137,10 @@ BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or 
     ),
     "half a GPU per worker": (STUDY + "resources: {gpus_per_worker: 0.5}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 0.5)"),
     "two GPUs per worker": (STUDY + "resources: {gpus_per_worker: 2}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 2.0)"),
+    "bf16 accumulation on GPU": (
+        STUDY + "resources: {gpus_per_worker: 1, zero_stage: 2}\n",
+        "resources.zero_stage: must be 1 with GPUs (got 2): only ZeRO stage 1 accumulates bf16 gradients in fp32",
+    ),
 }
 
 

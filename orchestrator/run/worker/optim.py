@@ -89,16 +89,30 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 def deepspeed_config(geom: BatchGeometry, zero_stage: int, grad_clip: float, on_gpu: bool) -> dict[str, Any]:
     """DeepSpeed config for one run: ZeRO stage, batch split, clipping, precision.
 
-    Precision is chosen by device: bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow and
-    the study's CPU numbers must be exact across worker counts).
+    Precision is chosen by device: fp32 on CPU (CPU bf16 matmuls are slow and the study's CPU
+    numbers must be exact across worker counts); on GPU bf16 weights and activations with
+    gradients accumulated over the micro-steps and reduced in fp32. What DeepSpeed 0.19 builds
+    for bf16 (tests/orchestrator/run/worker/test_deepspeed_precision.py): stage 0 an
+    ``FP16_UnfusedOptimizer`` that accumulates in bf16 and refuses ``grad_accum_dtype: fp32``;
+    stage 1 with it a ``BF16_Optimizer`` (fp32 accumulation and master weights); stages 2 and
+    3 their ZeRO optimizers, which ignore it and accumulate in bf16. The study's effects are a
+    few hundredths of a nat, so a GPU run is stage 1 (``ResourcesSpec`` refuses the others).
+
+    Raises:
+        ValueError: ``on_gpu`` with a stage other than 1.
     """
+    if on_gpu and zero_stage != 1:
+        raise ValueError(f"ZeRO stage {zero_stage} on GPU accumulates gradients in bf16; only stage 1 accumulates in fp32")
+    precision: dict[str, Any] = {"bf16": {"enabled": False}}
+    if on_gpu:
+        precision = {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}
     return {
         "train_batch_size": geom.global_batch,
         "train_micro_batch_size_per_gpu": geom.micro_batch,
         "gradient_accumulation_steps": geom.grad_accum,
         "gradient_clipping": grad_clip,
         "zero_optimization": {"stage": zero_stage},
-        "bf16": {"enabled": bool(on_gpu)},
+        **precision,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,

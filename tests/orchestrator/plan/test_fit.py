@@ -159,11 +159,12 @@ def test_model_state_bytes_match_measured_fp32_adamw(variant):
 def test_zero_stages_partition_states_as_the_zero_paper_gives():
     psi, n = 1_000_000, 8
     assert memory.model_states(psi, 0, n, True) == (2 * psi, 2 * psi, 12 * psi)  # 16 psi
-    assert memory.model_states(psi, 1, n, True) == (2 * psi, 2 * psi, 12 * psi / n)
+    assert memory.model_states(psi, 1, n, True) == (2 * psi, 6 * psi, 12 * psi / n)  # + the fp32 accumulator
     assert memory.model_states(psi, 2, n, True) == (2 * psi, 2 * psi / n, 12 * psi / n)
     assert memory.model_states(psi, 3, n, True) == (2 * psi / n, 2 * psi / n, 12 * psi / n)
-    # the paper's example: 7.5 B parameters on 64 GPUs, stage 1: 31.4 GB; stage 2: 16.6; stage 3: 1.9
-    for stage, gb in ((1, 31.4), (2, 16.6), (3, 1.88)):
+    # the paper's example: 7.5 B parameters on 64 GPUs, stage 1: 31.4 GB; stage 2: 16.6; stage 3: 1.9;
+    # stage 1 here adds DeepSpeed's fp32 gradient accumulator, 4 psi = 30 GB
+    for stage, gb in ((1, 31.4 + 30), (2, 16.6), (3, 1.88)):
         assert sum(memory.model_states(7_500_000_000, stage, 64, True)) / 1e9 == pytest.approx(gb, rel=0.01)
     with pytest.raises(ValueError, match="ZeRO stage"):
         memory.model_states(psi, 4, n, True)
@@ -219,3 +220,12 @@ def test_run_of_a_tuned_study_over_max_epochs_exits_2_before_ray_or_mlflow(tmp_p
     assert res.exit_code == 2, res.output
     assert "budget.max_epochs" in res.output and "standard-cpu-xs-s0-x1" in res.output and spec in res.output
     assert not (tmp_path / "runs").exists()  # no lease, no store
+
+
+def test_the_default_zero_stage_is_1_with_gpus_and_2_on_cpu():
+    from orchestrator.plan.contract import ResourcesSpec
+
+    assert ResourcesSpec().zero_stage == 2 and ResourcesSpec.model_validate({}).zero_stage == 2
+    assert ResourcesSpec.model_validate({"gpus_per_worker": 1}).zero_stage == 1
+    assert ResourcesSpec.model_validate({"gpus_per_worker": 1, "zero_stage": 1}).zero_stage == 1
+    assert ResourcesSpec.model_validate({"zero_stage": 0}).zero_stage == 0  # CPU: any stage

@@ -38,10 +38,19 @@ def test_wsd_schedule_shape():
 
 def test_deepspeed_config_precision_by_device():
     g = batch_geometry(32, 2, 8)
-    cpu, gpu = deepspeed_config(g, 3, 1.0, False), deepspeed_config(g, 3, 1.0, True)
-    assert cpu["bf16"]["enabled"] is False and gpu["bf16"]["enabled"] is True
+    cpu, gpu = deepspeed_config(g, 3, 1.0, False), deepspeed_config(g, 1, 1.0, True)
+    assert cpu["bf16"]["enabled"] is False and "data_types" not in cpu and "communication_data_type" not in cpu
     assert cpu["train_batch_size"] == 32 and cpu["gradient_accumulation_steps"] == 2
     assert cpu["zero_optimization"]["stage"] == 3
+    # GPU: bf16, gradients accumulated and reduced in fp32
+    assert gpu["bf16"]["enabled"] is True and gpu["zero_optimization"]["stage"] == 1
+    assert gpu["data_types"] == {"grad_accum_dtype": "fp32"} and gpu["communication_data_type"] == "fp32"
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_gpu_run_at_a_stage_that_accumulates_in_bf16_is_refused(stage):
+    with pytest.raises(ValueError, match=f"ZeRO stage {stage} on GPU accumulates gradients in bf16"):
+        deepspeed_config(batch_geometry(32, 2, 8), stage, 1.0, True)
 
 
 def test_weight_decay_only_on_weight_matrices():
