@@ -127,9 +127,9 @@ def validate(
     if problems:
         raise _spec_error(spec, problems, s)
     n = lambda k, word: f"{k} {word}{'' if k == 1 else 's'}"  # noqa: E731
-    out.print(
-        f"{redact_uri(' '.join([str(spec), *s.overrides]))}: ok ({s.name}: {n(len(s.scales), 'scale')} x {n(len(s.variants), 'variant')} x "
-        f"{n(len(s.seeds), 'seed')}, {n(len(runs), 'run')})"
+    out.print(  # the user's text is never read as console markup: `variants=[standard,coupled]` is a tag to rich
+        escape(f"{redact_uri(' '.join([str(spec), *s.overrides]))}: ok ({s.name}: {n(len(s.scales), 'scale')} x ")
+        + escape(f"{n(len(s.variants), 'variant')} x {n(len(s.seeds), 'seed')}, {n(len(runs), 'run')})")
     )
 
 
@@ -161,6 +161,9 @@ def plan_cmd(
     from orchestrator.plan.inputs import fit_problems
     from orchestrator.plan.throughput import throughput_table
 
+    if gap is not None and seed_sd is None:
+        print_error("--gap: needs --seed-sd (the seeds a gap needs follow from the seeds' spread)")
+        raise typer.Exit(EXIT_INPUT)
     s = _load(spec, overrides)
     runs = _planned(s)
     for loc, msg in fit_problems(s, runs):  # shown, not refused: `validate` and `run` refuse them
@@ -451,7 +454,7 @@ def data_prepare(
     source: str = typer.Option("stdlib", help="stdlib | text | jsonl | parquet | hf | mixture | mqar"),
     path: str | None = typer.Option(None, help="File, folder, glob or URI of the source."),
     out_dir: str | None = typer.Option(None, "--out", help="Cache root for the prepared shards."),
-    vocab_size: int | None = typer.Option(None, help="Tokenizer vocabulary size."),
+    vocab_size: int | None = typer.Option(None, min=2, help="Tokenizer vocabulary size."),
     tokenizer_kind: str | None = typer.Option(None, "--tokenizer", help="bpe | unigram."),
     text_column: str | None = typer.Option(None, help="Text column (jsonl / parquet)."),
     document_boundary: str | None = typer.Option(None, help="file | blank_lines | row | wikitext_heading."),
@@ -459,7 +462,7 @@ def data_prepare(
     max_documents: int | None = typer.Option(None, help="Keep only the first N documents."),
     max_bytes: int | None = typer.Option(None, help="Keep documents up to this many UTF-8 bytes."),
     preset: str | None = typer.Option(None, help="MQAR preset: easy | medium | hard."),
-    num_proc: int | None = typer.Option(None, help="Tokenizer processes (default: all cores)."),
+    num_proc: int | None = typer.Option(None, min=1, help="Tokenizer processes (default: all cores)."),
 ) -> None:
     """Tokenize a corpus into Arrow shards with a manifest (no-op when already prepared)."""
     from data_pipeline.cli_support import prepare_from_args
@@ -490,7 +493,7 @@ def model_info_cmd(
     preset: str = typer.Option(..., help="Scale preset, e.g. cpu-s or 60m."),
     variant: str = typer.Option("standard", help="Model variant."),
     seq_len: int | None = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
-    vocab_size: int | None = typer.Option(None, min=1, help="Vocabulary size (default: the preset's)."),
+    vocab_size: int | None = typer.Option(None, min=2, help="Vocabulary size (default: the preset's)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Parameter counts and FLOPs per token: analytic, and measured with FlopCounterMode."""

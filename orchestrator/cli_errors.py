@@ -3,12 +3,16 @@
 Any input error (bad spec, bad data source, bad address, unknown study) prints one line per
 problem to stderr and exits with code 2 before Ray starts or MLflow is touched; a cluster or
 tracking server that does not answer exits with 1. ``input_errors`` is the one place that maps
-them, and every line printed goes through ``orchestrator.track.tracking.redact_uri``.
+them, and every line printed goes through ``orchestrator.track.tracking.redact_uri``. Errors no
+product module raises on purpose end the same way, never in a traceback: a file or folder that
+cannot be read or written (the path and the system's reason, exit 2), a number out of range
+(exit 2), a store that is not a database (exit 2) or a database server that fails (exit 1).
 """
 
 from __future__ import annotations
 
 import functools
+import sqlite3
 import sys
 
 import typer
@@ -54,8 +58,26 @@ def loaded_input_errors() -> tuple[type[Exception], ...]:
     return tuple(getattr(sys.modules[m], name) for m, name in INPUT_ERRORS if m in sys.modules)
 
 
+def system_error(e: BaseException) -> tuple[str, int] | None:
+    """(one-line message, exit code) for an error of the system a command met rather than one
+    of the product's (``INPUT_ERRORS``), or None when ``e`` is none of them (a bug: it is raised)."""
+    if isinstance(e, OSError):  # ConnectionError is handled before, as a server that does not answer
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror or e}", EXIT_INPUT
+    if isinstance(e, OverflowError):
+        return f"a number is out of range ({e}): check the spec's and the options' sizes", EXIT_INPUT
+    cause = getattr(e, "orig", e)  # SQLAlchemy wraps the driver's error
+    if isinstance(cause, sqlite3.DatabaseError):
+        return f"the tracking store cannot be read as an SQLite database ({cause})", EXIT_INPUT
+    sqlalchemy = sys.modules.get("sqlalchemy.exc")
+    if sqlalchemy is not None and isinstance(e, sqlalchemy.DBAPIError):
+        return f"the tracking store's database failed: {cause}", EXIT_FAILED
+    return None
+
+
 def input_errors(fn):
-    """Turn the product's input errors into a clear message and exit code 2."""
+    """Turn the product's input errors into a clear message and exit code 2, and the system's
+    errors a command meets into one line and its exit code (`system_error`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -65,9 +87,13 @@ def input_errors(fn):
             print_error(str(e))
             raise typer.Exit(EXIT_FAILED) from None
         except Exception as e:
-            if not isinstance(e, loaded_input_errors()):
+            if isinstance(e, loaded_input_errors()):
+                print_error(str(e))
+                raise typer.Exit(EXIT_INPUT) from None
+            said = system_error(e)
+            if said is None:
                 raise
-            print_error(str(e))
-            raise typer.Exit(EXIT_INPUT) from None
+            print_error(said[0])
+            raise typer.Exit(said[1]) from None
 
     return wrapper

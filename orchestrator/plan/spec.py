@@ -327,6 +327,15 @@ class Study(_Strict):
     def _dispatch_scales(cls, v: Any) -> Any:
         return dispatch_entries(v)
 
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds_are_integers(cls, v: Any) -> Any:
+        # no coercion: true, "3" and 2.0 are typos, not seeds
+        for i, s in enumerate(v if isinstance(v, list) else []):
+            if not isinstance(s, int) or isinstance(s, bool):
+                raise ValueError(f"entry {i} ({s!r}) is not an integer seed")
+        return v
+
     @field_validator("seeds")
     @classmethod
     def _seeds_unique(cls, v: list[int]) -> list[int]:

@@ -135,6 +135,9 @@ BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or 
         STUDY.replace("[cpu-xs]", "[{name: w96, n_layer: 2, d_model: 96, n_head: 3}]").replace("coupled]", "differential]"),
         "scales[0].n_head: variant 'differential' pairs heads",
     ),
+    "a boolean seed": (STUDY + "seeds: [0, true]\n", "seeds: entry 1 (True) is not an integer seed"),
+    "a string seed": (STUDY + 'seeds: ["3"]\n', "seeds: entry 0 ('3') is not an integer seed"),
+    "a float seed": (STUDY + "seeds: [2.0]\n", "seeds: entry 0 (2.0) is not an integer seed"),
     "half a GPU per worker": (STUDY + "resources: {gpus_per_worker: 0.5}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 0.5)"),
     "two GPUs per worker": (STUDY + "resources: {gpus_per_worker: 2}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 2.0)"),
     "bf16 accumulation on GPU": (
@@ -194,3 +197,58 @@ def test_version_prints_the_installed_version_and_exits_0():
     res = CliRunner().invoke(app, ["--version"])
     assert res.exit_code == 0 and res.output.strip() == f"qkstudy {version('qkstudy')}"
     assert CliRunner().invoke(app, ["validate", "--version"]).exit_code == 2  # a global option, not a command's
+
+
+def test_the_systems_errors_end_in_one_line_and_an_exit_code_not_a_traceback(tmp_path):
+    """Errors no product module raises on purpose (issue 51): each class once, with its exit code."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(STUDY)
+    cases = {
+        "a folder that cannot be made": (
+            ["plan", str(spec), "--write-runs", "/proc/nope/runs.json"],
+            2,
+            "error: /proc/nope: No such file or directory",
+        ),
+        "a store that is not a database": (
+            ["status", str(spec), "--tracking-uri", f"sqlite:///{tmp_path / 'bad.db'}"],
+            2,
+            "error: the tracking store cannot be read as an SQLite database (file is not a database)",
+        ),
+    }
+    (tmp_path / "bad.db").write_text("not sqlite\n")
+    big = tmp_path / "big.yaml"
+    big.write_text(STUDY.replace("budget: {tokens: 40960}", "budget: {tokens_per_param: 1e300}"))
+    cases["a number out of range"] = (["plan", str(big)], 2, "error: a number is out of range (int too large to convert to float)")
+    for name, (argv, code, line) in cases.items():
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == code and "Traceback" not in res.output, (name, res.output[-2000:])
+        assert line in " ".join(res.output.split()), (name, res.output[-2000:])
+    # the control: a bug is not hidden as bad input
+    from orchestrator.cli_errors import system_error
+
+    assert system_error(KeyError("x")) is None and system_error(RuntimeError("x")) is None
+
+
+def test_options_out_of_their_range_are_refused_by_name(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(STUDY)
+    res = CliRunner().invoke(app, ["plan", str(spec), "--gap", "0.1"])
+    assert res.exit_code == 2 and "error: --gap: needs --seed-sd" in res.output, res.output
+    for argv, option in (
+        (["data", "prepare", "--num-proc", "0"], "--num-proc"),
+        (["model", "info", "--preset", "cpu-xs", "--vocab-size", "1"], "--vocab-size"),
+        (["data", "prepare", "--vocab-size", "1"], "--vocab-size"),
+    ):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2 and option in res.output and "Traceback" not in res.output, (argv, res.output)
+    # the control: in range, the same plan prints its power line
+    res = CliRunner().invoke(app, ["plan", str(spec), "--seed-sd", "0.05", "--gap", "0.1"])
+    assert res.exit_code == 0 and "a gap of 0.1 nats needs" in " ".join(res.output.split()), res.output
+
+
+def test_an_override_is_echoed_as_written_not_read_as_markup(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(STUDY)
+    res = CliRunner().invoke(app, ["validate", str(spec), "variants=[standard,coupled]", "seeds=[0,1]"])
+    assert res.exit_code == 0, res.output
+    assert f"{spec} variants=[standard,coupled] seeds=[0,1]: ok (s: 1 scale x 2 variants x 2 seeds, 4 runs)" in res.output, res.output
