@@ -65,7 +65,8 @@ def test_one_finished_mlflow_run_per_planned_run(study):
         m = r.data.metrics  # the time split, logged once at the last step
         parts = [m[f"time/{k}_s"] for k in ("startup", "step", "eval", "checkpoint")]
         assert all(x > 0 for x in parts) and sum(parts) <= m["time/elapsed_s"]
-        assert m["time/step_s"] == pytest.approx(m["time/wall_s"], rel=0.05)
+        # the steps' time is wall_s plus the attempt's first step (its warm-up), which the timeline times
+        assert 0 < m["time/step_s"] - m["time/wall_s"] <= m[f"{PREFIX}first_step_s"], m
 
 
 def test_each_run_records_the_code_spec_and_environment_it_came_from(tiny_study):

@@ -277,9 +277,12 @@ class RunLoop:
                 t0 = time.perf_counter()
                 loss, grad_norm, lr = self._train_step(step)
             step += 1
-            wall_s += time.perf_counter() - t0
             if step == state["step"] + 1:  # this attempt's first optimizer step: its start-up is over
+                # its seconds (torch.compile, allocator and kernel warm-up) are the timeline's first_step, not wall_s
                 rec.startup(step, {**self.timeline.mark("first_step").metrics(), **_compiled_graphs(r.resources.compile)})
+                rec.warmed_up(step, wall_s)
+            else:
+                wall_s += time.perf_counter() - t0
             reason = _divergence(loss, grad_norm, step, step * r.train.tokens_per_step)
             if reason:
                 rec.failed(step, reason)
@@ -319,7 +322,11 @@ class RunLoop:
             node=self.node,
         )
         rec.start(
-            state["step"], fallback=state.get(FALLBACK_KEY), branched=bool(state.get("branched")), branch_point=state.get(BRANCH_POINT_KEY)
+            state["step"],
+            fallback=state.get(FALLBACK_KEY),
+            branched=bool(state.get("branched")),
+            branch_point=state.get(BRANCH_POINT_KEY),
+            wall_s=state.get("wall_s", 0.0),
         )
         return rec
 

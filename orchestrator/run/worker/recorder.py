@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -150,15 +149,17 @@ class Recorder:
         peak = device_peak_flops()
         self.peak_flops = peak * devices if peak else None
 
-    def start(self, step: int, fallback: str | None = None, branched: bool = False, branch_point: str | None = None) -> None:
+    def start(
+        self, step: int, fallback: str | None = None, branched: bool = False, branch_point: str | None = None, wall_s: float = 0.0
+    ) -> None:
         """Mark the run running; on a restart (``step`` > 0) count it and say from where;
         ``fallback`` (``run.checkpoint``: corrupt checkpoints skipped) goes to the
         ``resume_fallback`` tag; ``branched``: a branch's first start at its trunk's branch
         point (``run.worker.branching``), tagged ``branched_at_tokens``, not a restart;
         ``branch_point``: how a branch's start checkpoint verified (``run.worker.branching``:
-        verified, or torn and where it restarted from), the ``branch_point`` tag. The
-        throughput clock starts here, and the node's system metrics (``node``) on the process
-        that samples them."""
+        verified, or torn and where it restarted from), the ``branch_point`` tag. Throughput is
+        counted from here (``wall_s``: the run's training seconds so far), and the node's system
+        metrics (``node``) start on the process that samples them."""
         if not self.active:
             self._sample_system(step)
             return
@@ -176,7 +177,7 @@ class Recorder:
             restarts = int(run_tag(self.client.get_run(self.mlflow_run_id).data.tags, "restarts", "0") or 0) + 1
             self.client.set_tag(self.mlflow_run_id, tag("restarts"), str(restarts))
             self.client.set_tag(self.mlflow_run_id, tag("resumed_from_tokens"), str(step * self.tps))
-        self._t_last, self._tok_last = time.perf_counter(), step * self.tps
+        self._tok_last, self._wall_last = step * self.tps, wall_s
 
     def _sample_system(self, step: int) -> None:
         """Start MLflow's system metrics monitor on the run when this process samples its node;
@@ -197,7 +198,9 @@ class Recorder:
 
     def train_point(self, step: int, loss: float, grad_norm: float, lr: float, wall_s: float, grad_norm_max: float | None = None) -> None:
         """Queue the training metrics after ``step`` optimizer steps; throughput (and MFU on a
-        known GPU) over the tokens since the previous point; update the progress board.
+        known GPU) over the tokens since the previous point, per second of ``wall_s`` (the
+        optimizer steps' seconds: evals, diagnostics and checkpoints between do not count);
+        update the progress board.
 
         grad_norm: this step's global gradient norm; grad_norm_max: the largest over the steps
         since the previous point (``grad_norm_max``; a spike between logged points shows there).
@@ -205,9 +208,9 @@ class Recorder:
         if not self.active:
             return
         r, tokens = self.run, step * self.tps
-        now = time.perf_counter()
-        thr = (tokens - self._tok_last) / max(now - self._t_last, 1e-9)
-        self._t_last, self._tok_last = time.perf_counter(), tokens
+        seconds = wall_s - self._wall_last  # optimizer steps only: no eval, diagnostics or checkpoint
+        thr = (tokens - self._tok_last) / seconds if seconds > 0 else None
+        self._tok_last, self._wall_last = tokens, wall_s
         point = {
             "train/loss": loss,
             "grad_norm": grad_norm,
@@ -216,12 +219,19 @@ class Recorder:
             "tokens": tokens,
             "flops": tokens * r.flops_per_token,
             "time/wall_s": wall_s,
-            "throughput/tokens_per_s": thr,
         }
-        if self.peak_flops:
-            point["throughput/mfu"] = mfu(r.flops_per_token, thr, self.peak_flops)
+        if thr is not None:  # none for a point with no timed step since the last (the warm-up's)
+            point["throughput/tokens_per_s"] = thr
+            if self.peak_flops:
+                point["throughput/mfu"] = mfu(r.flops_per_token, thr, self.peak_flops)
         self.metrics.add(point, tokens)
         report_progress(self.board, r.run_id, tokens=tokens, planned=r.tokens, loss=loss, state="running")
+
+    def warmed_up(self, step: int, wall_s: float) -> None:
+        """Count throughput from ``step``, this attempt's first optimizer step, whose seconds
+        (compilation, allocator and kernel warm-up) the loop keeps out of ``time/wall_s``: they
+        are the start-up timeline's ``startup/first_step_s``."""
+        self._tok_last, self._wall_last = step * self.tps, wall_s
 
     def eval_point(self, step: int, val_loss: float, diagnostics: dict[str, float], accuracy: float | None = None) -> None:
         """Log a curve point: the validation loss (nats/token) on the run's fixed curve windows,

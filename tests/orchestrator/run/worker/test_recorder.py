@@ -61,9 +61,24 @@ def test_rank_0_writes_the_run(store):
     assert "val/accuracy" not in r.data.metrics and "final/val_accuracy" not in r.data.metrics  # not labelled
     assert _history(client, mlflow_id, "checkpoint/bytes") == [(2 * tps, 123.0)]
     assert _history(client, mlflow_id, "attn/entropy") == [(2 * tps, 1.5)]
-    assert all(v > 0 for _, v in _history(client, mlflow_id, "throughput/tokens_per_s"))
+    # tokens per second of the steps' own time (wall_s 0.1 per step), whatever the clock did between
+    assert _history(client, mlflow_id, "throughput/tokens_per_s") == [(tps, pytest.approx(tps / 0.1)), (2 * tps, pytest.approx(tps / 0.1))]
     assert "throughput/mfu" not in r.data.metrics  # CPU: no peak, no MFU
     assert "qkstudy.restarts" not in r.data.tags
+
+
+def test_throughput_leaves_out_the_warm_up_step_and_what_ran_between_points(store):
+    run, uri, client, mlflow_id = store
+    tps = run.train.tokens_per_step
+    rec = Recorder(run, uri, mlflow_id, None, active=True, devices=1)
+    rec.start(4, wall_s=2.0)  # a resume: 4 steps and 2 s of training so far
+    rec.warmed_up(5, 2.0)  # the attempt's first step: compiled and warmed up, not in wall_s
+    rec.train_point(5, 3.0, 0.1, 1e-3, 2.0)  # no timed step since: no throughput at this point
+    time.sleep(0.3)  # an eval, diagnostics, a checkpoint: not training
+    rec.train_point(7, 2.9, 0.1, 1e-3, 2.5)
+    rec.finished(7)
+    assert _history(client, mlflow_id, "throughput/tokens_per_s") == [(7 * tps, pytest.approx(2 * tps / 0.5))]
+    assert _history(client, mlflow_id, "time/wall_s") == [(5 * tps, 2.0), (7 * tps, 2.5)]
 
 
 def test_restart_is_counted_and_failure_recorded(store):
