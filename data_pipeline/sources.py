@@ -72,7 +72,8 @@ class _File:
     path: str
 
 
-def _read_bytes(f: _File) -> bytes:
+def read_bytes(f: _File) -> bytes:
+    """The whole content of one input file (local or on a pyarrow filesystem)."""
     with f.fs.open_input_stream(f.path) as s:
         return s.read()
 
@@ -150,7 +151,9 @@ def _stdlib_files(corpus: CorpusConfig) -> list[_File]:
     return sorted(out, key=lambda f: f.id)
 
 
-def _input_files(corpus: CorpusConfig) -> list[tuple[_File, str | None]]:
+def input_files(corpus: CorpusConfig) -> list[tuple[_File, str | None]]:
+    """The corpus's input files in their deterministic order, each with its forced split
+    ("val" for `val_paths`, else None). Raises DataError when a path matches no file."""
     if corpus.source == "stdlib":
         return [(f, None) for f in _stdlib_files(corpus)]
     out: list[tuple[_File, str | None]] = [(f, None) for f in _list_files(corpus.paths, corpus)]
@@ -162,7 +165,7 @@ def _input_files(corpus: CorpusConfig) -> list[tuple[_File, str | None]]:
 def input_file_sizes(corpus: CorpusConfig) -> list[tuple[int, str | None]]:
     """(bytes on disk, split: None for train or "val") of every input file of a file corpus
     (stdlib, text, jsonl, parquet), without reading them. Raises DataError as the listing does."""
-    return [(f.fs.get_file_info(f.path).size or 0, split) for f, split in _input_files(corpus)]
+    return [(f.fs.get_file_info(f.path).size or 0, split) for f, split in input_files(corpus)]
 
 
 def fingerprint(corpus: CorpusConfig) -> dict:
@@ -176,8 +179,8 @@ def fingerprint(corpus: CorpusConfig) -> dict:
     if corpus.source == "hf":
         return {"hf": f"{corpus.hf_path}/{corpus.hf_name}/{corpus.hf_split}/{corpus.hf_val_split}"}
     out = {}
-    for f, split in _input_files(corpus):
-        out[("val:" if split else "") + f.id] = hashlib.sha256(_read_bytes(f)).hexdigest()
+    for f, split in input_files(corpus):
+        out[("val:" if split else "") + f.id] = hashlib.sha256(read_bytes(f)).hexdigest()
     if corpus.source == "stdlib":
         out["python"] = sys.version
     return out
@@ -203,7 +206,7 @@ def _group_rows(rows: Iterator[tuple[int, str]], boundary: str, file_id: str, sp
 
 
 def _jsonl_rows(f: _File, corpus: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[int, str]]:
-    for lineno, raw in enumerate(_read_bytes(f).split(b"\n"), start=1):
+    for lineno, raw in enumerate(read_bytes(f).split(b"\n"), start=1):
         if not raw.strip():
             continue
         line = stats.decode(raw, f"{f.id}:{lineno}")
@@ -258,9 +261,9 @@ def _hf_documents(corpus: CorpusConfig) -> Iterator[Document]:
 
 def _file_documents(corpus: CorpusConfig, stats: DecodeStats) -> Iterator[Document]:
     src = corpus.source
-    for f, split in _input_files(corpus):
+    for f, split in input_files(corpus):
         if src in ("stdlib", "text"):
-            text = stats.decode(_read_bytes(f), f.id)
+            text = stats.decode(read_bytes(f), f.id)
             if corpus.document_boundary == "blank_lines":
                 for i, part in enumerate(_BLANK_LINES.split(text)):
                     yield Document(f"{f.id}#{i}", part, split)

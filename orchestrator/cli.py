@@ -114,13 +114,24 @@ def _study_uri(study: str, tracking_uri: str | None) -> tuple[str, str]:
 def validate(
     spec: Path = typer.Argument(..., help="Study spec (YAML)."),
     overrides: list[str] | None = typer.Argument(None, help=OVERRIDES_HELP, show_default=False),
+    data_elsewhere: bool = typer.Option(
+        False, "--data-elsewhere", help="The corpus files are where the study runs (a cluster), not here: do not read them."
+    ),
 ) -> None:
-    """Validate a spec; print every error with its file and field path (exit code 2)."""
+    """Validate a spec; print every error with its file and field path (exit code 2).
+
+    The corpus files are read where they stand: missing or empty paths, binary content and a
+    vocabulary the text cannot fill are refused (``--data-elsewhere``: said, not checked)."""
     from orchestrator.plan.inputs import fit_problems
+    from orchestrator.plan.paths import data_problems
     from orchestrator.plan.tune_plan import tuning_problems
     from orchestrator.track.tracking import redact_uri  # an override may hold a URI with its password
 
     s = _load(spec, overrides)
+    if data_elsewhere:
+        err.print("[yellow]note[/]: corpus files not read (--data-elsewhere): `qkstudy run` checks them where the study runs")
+    elif problems := data_problems(s):  # nothing that cannot train passes
+        raise _spec_error(spec, problems, s)
     runs = _planned(s)  # a spec that cannot be planned is not valid either
     problems = fit_problems(s, runs)  # nor one whose runs its data or devices cannot support
     problems += tuning_problems(s, runs)  # nor tuning runs too short to rank learning rates

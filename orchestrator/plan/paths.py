@@ -1,9 +1,11 @@
-"""Before a local run: every local corpus path of a study must match a file.
+"""Before a study trains, where its data stands: every local corpus path matches a file, and the
+files can train (text, not binary; enough of it for the vocabulary: ``data_pipeline.check``).
 
-Not part of spec validation (``orchestrator.plan.spec.load_spec``): a cluster spec may name
-paths that exist only on the cluster, so ``qkstudy validate`` and ``plan`` accept them and
-``qkstudy run`` checks them here, before Ray starts. URIs such as ``s3://`` are checked when
-the corpus is prepared.
+Not part of loading a spec (``orchestrator.plan.spec.load_spec``): a cluster spec may name
+paths that exist only on the cluster. ``qkstudy run`` checks them here before Ray starts (on a
+cluster: the submitted job's `run`, where the files are), and so does ``qkstudy validate``
+unless told the data is elsewhere (``--data-elsewhere``); ``plan`` and ``status`` only look.
+URIs such as ``s3://`` are checked when the corpus is prepared.
 """
 
 from __future__ import annotations
@@ -16,16 +18,31 @@ from orchestrator.plan.specfile import SpecError
 
 
 def check_local_corpus_paths(study: Study, path: str | Path = "<spec>") -> None:
-    """Before a local run: every local corpus path must match a file (URIs such as s3://
-    are checked when prepared). Not part of ``load_spec``: a cluster spec may name paths
-    that exist only on the cluster.
+    """Before a local run: ``data_problems`` must find none.
 
     Raises:
-        SpecError: naming each corpus path that matches nothing.
+        SpecError: naming each corpus field whose data cannot train here.
     """
-    problems = _check_corpus_paths(study)
+    problems = data_problems(study)
     if problems:
         raise SpecError(path, problems)
+
+
+def data_problems(study: Study) -> list[tuple[str, str]]:
+    """(spec field, message) for each local corpus path that matches nothing, then, when all
+    match, for each corpus whose files cannot train (``data_pipeline.check.corpus_problems``:
+    empty, binary, a vocabulary its text cannot fill); [] when the data can train here."""
+    from data_pipeline import TokenizerConfig
+    from data_pipeline.check import corpus_problems
+
+    problems = _check_corpus_paths(study)
+    if problems:
+        return problems
+    tokenizer = TokenizerConfig.model_validate(study.tokenizer.model_dump(mode="json"))
+    fields = {name: f"corpora.{name}" for name in study.corpora} if study.corpora else None
+    for name, corpus in study.corpus_map.items():
+        problems += corpus_problems(corpus, tokenizer, fields[name] if fields else "corpus")
+    return problems
 
 
 def _check_corpus_paths(study: Study) -> list[tuple[str, str]]:

@@ -197,7 +197,7 @@ def test_report_reads_mlflow_and_is_reproducible(tiny_study_copy):
     "case,corpus,expect",
     [
         ("too_small", {"source": "text", "paths": ["docs"], "val_fraction": 0.5}, "corpus: corpus 'text': the val split has"),
-        ("empty", {"source": "text", "paths": ["empty"]}, "corpus: corpus 'text':"),
+        ("empty", {"source": "text", "paths": ["empty"]}, "corpus.paths: source 'text' (empty): no files match ['empty']"),
     ],
 )
 def test_bad_corpus_exits_2_before_mlflow(case, corpus, expect, tmp_path):

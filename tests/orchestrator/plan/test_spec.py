@@ -57,7 +57,10 @@ def test_run_refuses_missing_local_corpus_files_before_ray(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "s.yaml"
     spec.write_text(GOOD + "corpus: {source: text, paths: [does/not/exist/*.txt]}\n")
-    assert CliRunner().invoke(app, ["validate", str(spec)]).exit_code == 0  # may exist only on the cluster
+    res = CliRunner().invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2 and "corpus.paths[0]: no file or folder matches 'does/not/exist/*.txt'" in res.output
+    res = CliRunner().invoke(app, ["validate", str(spec), "--data-elsewhere"])  # only on the cluster: said, not read
+    assert res.exit_code == 0 and "corpus files not read (--data-elsewhere)" in " ".join(res.output.split()), res.output
     res = CliRunner().invoke(app, ["run", str(spec)])
     assert res.exit_code == 2 and "corpus.paths[0]: no file or folder matches 'does/not/exist/*.txt'" in res.output
     assert not ray.is_initialized() and not (tmp_path / "runs").exists()
