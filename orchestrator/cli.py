@@ -61,6 +61,12 @@ app.add_typer(model_app, name="model")
 # Wide tables when piped (CI logs, `| less`); the terminal width otherwise.
 out = Console(width=None if sys.stdout.isatty() else 200)
 
+# What the measuring commands (`model info`, `model check`) accept: they build the model and run
+# it, so a length or vocabulary past these only fails in the allocator.
+MAX_SEQ_LEN = 8192
+MAX_VOCAB = 1 << 20  # data_pipeline.TokenizerConfig's bound
+MAX_SEED = 2**63 - 1  # torch.manual_seed's range, as a spec's seeds (orchestrator.plan.spec.MAX_SEED)
+
 
 def _print_version(value: bool) -> None:
     if value:
@@ -176,19 +182,21 @@ def plan_cmd(
         print_error("--gap: needs --seed-sd (the seeds a gap needs follow from the seeds' spread)")
         raise typer.Exit(EXIT_INPUT)
     s = _load(spec, overrides)
+    power = power_text(len(s.seeds), seed_sd, gap) if seed_sd is not None else ""  # before anything is written
     runs = _planned(s)
     for loc, msg in fit_problems(s, runs):  # shown, not refused: `validate` and `run` refuse them
         err.print(f"[yellow]warning[/]: {loc}: {escape(msg)}")
+    table, sizes = throughput_table(s) or {}, corpus_sizes(s, {r.corpus_name: r.data_hash for r in runs})
+    # shown before anything is written: a plan that cannot be shown writes no run file
+    shown = plan_rows(s, runs, table, sizes) if as_json else list(plan_table(s, runs, table, sizes))
     if write_runs:
         write_run_files(write_runs, runs)
-    power = power_text(len(s.seeds), seed_sd, gap) if seed_sd is not None else ""
-    table, sizes = throughput_table(s) or {}, corpus_sizes(s, {r.corpus_name: r.data_hash for r in runs})
     if as_json:
-        print(json.dumps(plan_rows(s, runs, table, sizes), indent=2))
+        print(json.dumps(shown, indent=2))
         if power:  # stdout stays one JSON document
             err.print(power, highlight=False)
         return
-    for part in plan_table(s, runs, table, sizes):
+    for part in shown:
         out.print(part)
     if s.tune is not None:  # tuning compute shown apart from the main budget
         from orchestrator.plan.tune_plan import tuning_summary
@@ -465,7 +473,7 @@ def data_prepare(
     source: str = typer.Option("stdlib", help="stdlib | text | jsonl | parquet | hf | mixture | mqar"),
     path: str | None = typer.Option(None, help="File, folder, glob or URI of the source."),
     out_dir: str | None = typer.Option(None, "--out", help="Cache root for the prepared shards."),
-    vocab_size: int | None = typer.Option(None, min=2, help="Tokenizer vocabulary size."),
+    vocab_size: int | None = typer.Option(None, min=16, max=MAX_VOCAB, help="Tokenizer vocabulary size."),
     tokenizer_kind: str | None = typer.Option(None, "--tokenizer", help="bpe | unigram."),
     text_column: str | None = typer.Option(None, help="Text column (jsonl / parquet)."),
     document_boundary: str | None = typer.Option(None, help="file | blank_lines | row | wikitext_heading."),
@@ -503,8 +511,8 @@ def data_prepare(
 def model_info_cmd(
     preset: str = typer.Option(..., help="Scale preset, e.g. cpu-s or 60m."),
     variant: str = typer.Option("standard", help="Model variant."),
-    seq_len: int | None = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
-    vocab_size: int | None = typer.Option(None, min=2, help="Vocabulary size (default: the preset's)."),
+    seq_len: int | None = typer.Option(None, min=1, max=MAX_SEQ_LEN, help="Sequence length (default: the preset's)."),
+    vocab_size: int | None = typer.Option(None, min=2, max=MAX_VOCAB, help="Vocabulary size (default: the preset's)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Parameter counts and FLOPs per token: analytic, and measured with FlopCounterMode."""
@@ -542,9 +550,9 @@ def _option_pairs(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
 def model_check_cmd(
     variant: str = typer.Argument(..., help="Model variant (a built-in, or a plug-in's with --plugin)."),
     preset: str = typer.Option("cpu-xs", help="Scale preset whose shape is checked."),
-    seq_len: int | None = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
+    seq_len: int | None = typer.Option(None, min=1, max=MAX_SEQ_LEN, help="Sequence length (default: the preset's)."),
     option: list[str] = typer.Option([], "--option", help="A variant option as KEY=VALUE (repeatable)."),
-    seed: int = typer.Option(0, min=0, help="Seed of the models compared."),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the models compared."),
     plugin: list[str] = typer.Option([], "--plugin", help="A plug-in module to load first, from this folder or installed (repeatable)."),
     arch: list[str] = typer.Option([], "--arch", help="A backbone layout field as KEY=VALUE, e.g. positions=rope (repeatable)."),
     as_json: bool = typer.Option(False, "--json"),

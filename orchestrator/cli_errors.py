@@ -5,8 +5,8 @@ problem to stderr and exits with code 2 before Ray starts or MLflow is touched; 
 tracking server that does not answer exits with 1. ``input_errors`` is the one place that maps
 them, and every line printed goes through ``orchestrator.track.tracking.redact_uri``. Errors no
 product module raises on purpose end the same way, never in a traceback: a file or folder that
-cannot be read or written (the path and the system's reason, exit 2), a number out of range
-(exit 2), a store that is not a database (exit 2) or a database server that fails (exit 1).
+cannot be read or written (the path and the system's reason, exit 2), a file that is not text,
+a number out of range (exit 2), a store that is not a database (exit 2) or a database server that fails (exit 1).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ INPUT_ERRORS = (
     ("orchestrator.run.final_weights", "FinalWeightsError"),
     ("orchestrator.plan.tracking_uri", "TrackingURIError"),
     ("orchestrator.track.access", "AccessError"),
+    ("orchestrator.cli_tables", "PowerInputError"),
 )
 
 
@@ -64,6 +65,8 @@ def system_error(e: BaseException) -> tuple[str, int] | None:
     if isinstance(e, OSError):  # ConnectionError is handled before, as a server that does not answer
         where = f"{e.filename}: " if e.filename else ""
         return f"{where}{e.strerror or e}", EXIT_INPUT
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file given is not UTF-8 text ({e.reason} at byte {e.start})", EXIT_INPUT
     if isinstance(e, OverflowError):
         return f"a number is out of range ({e}): check the spec's and the options' sizes", EXIT_INPUT
     cause = getattr(e, "orig", e)  # SQLAlchemy wraps the driver's error

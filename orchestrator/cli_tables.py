@@ -9,6 +9,7 @@ them: ``qkstudy plan`` must not pay for MLflow, nor ``qkstudy status`` for scipy
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.table import Table
@@ -152,13 +153,37 @@ def plan_rows(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: d
     ]
 
 
+MIN_NATS = 1e-12  # below it (and past floats) the power calculation's root finding cannot resolve
+
+
+class PowerInputError(ValueError):
+    """A ``--seed-sd`` or ``--gap`` the power calculation cannot take (an input error: exit 2)."""
+
+
 def power_text(n_seeds: int, seed_sd: float, gap: float | None = None) -> str:
     """What a study of ``n_seeds`` seeds can resolve, given a declared spread ``seed_sd`` (std of
     one arm's final loss across seeds, nats): the smallest gap its seed-paired t-test detects
     at 80% power (``orchestrator.report.stats.power.plan_power``, two-sided 5%), and with ``gap``
     the seeds needed to detect that gap. The sd of the paired differences is seed_sd x sqrt 2
     (``diff_sd``: the arms' finals taken as uncorrelated across seeds; pairing by seed can only
-    make it smaller, so the figures are conservative)."""
+    make it smaller, so the figures are conservative).
+
+    Raises:
+        PowerInputError: ``seed_sd`` or ``gap`` not 0 nor finite and at least ``MIN_NATS``, or
+            one the root finding has no answer for (a spread of 1e308 nats).
+    """
+    for option, value in (("--seed-sd", seed_sd), ("--gap", gap)):
+        if value is not None and not (math.isfinite(value) and (value == 0 or value >= MIN_NATS)):
+            raise PowerInputError(
+                f"{option}: {value:g} nats is not a spread or gap the power calculation can take (0, or {MIN_NATS:g} to finite)"
+            )
+    try:
+        return _power_text(n_seeds, seed_sd, gap)
+    except ValueError as e:  # scipy's root finding past what floats resolve
+        raise PowerInputError(f"--seed-sd {seed_sd:g}: the power calculation has no answer for it ({e})") from None
+
+
+def _power_text(n_seeds: int, seed_sd: float, gap: float | None) -> str:
     from orchestrator.report.stats.power import ALPHA, POWER, diff_sd, plan_power, seeds_needed
 
     sd = diff_sd(seed_sd)

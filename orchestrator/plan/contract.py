@@ -89,6 +89,14 @@ class ResourcesSpec(BaseModel):
             return {**data, "zero_stage": 1 if data.get("gpus_per_worker") else 2}
         return data
 
+    @field_validator("zero_stage", "gpus_per_worker", mode="before")
+    @classmethod
+    def _numbers_not_flags_or_text(cls, v: Any) -> Any:
+        # no coercion: true and "1" are typos, not a stage or a GPU count
+        if isinstance(v, bool | str):
+            raise ValueError(f"must be a number (got {v!r})")
+        return v
+
     @field_validator("zero_stage")
     @classmethod
     def _fp32_accumulation_on_gpu(cls, v: int, info: ValidationInfo) -> int:

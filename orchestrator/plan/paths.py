@@ -29,19 +29,18 @@ def check_local_corpus_paths(study: Study, path: str | Path = "<spec>") -> None:
 
 
 def data_problems(study: Study) -> list[tuple[str, str]]:
-    """(spec field, message) for each local corpus path that matches nothing, then, when all
-    match, for each corpus whose files cannot train (``data_pipeline.check.corpus_problems``:
-    empty, binary, a vocabulary its text cannot fill); [] when the data can train here."""
+    """(spec field, message) for each local corpus path that matches nothing, and for each
+    corpus whose paths all match but whose files cannot train (``data_pipeline.check``: empty,
+    binary, a vocabulary its text cannot fill); [] when the data can train here."""
     from data_pipeline import TokenizerConfig
     from data_pipeline.check import corpus_problems
 
     problems = _check_corpus_paths(study)
-    if problems:
-        return problems
     tokenizer = TokenizerConfig.model_validate(study.tokenizer.model_dump(mode="json"))
-    fields = {name: f"corpora.{name}" for name in study.corpora} if study.corpora else None
     for name, corpus in study.corpus_map.items():
-        problems += corpus_problems(corpus, tokenizer, fields[name] if fields else "corpus")
+        field = f"corpora.{name}" if study.corpora else "corpus"
+        if not any(f.startswith(field + ".") for f, _ in problems):  # its paths all match: read them
+            problems += corpus_problems(corpus, tokenizer, field)
     return problems
 
 

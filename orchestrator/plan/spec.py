@@ -72,6 +72,7 @@ def study_name_ok(name: str) -> bool:
 
 
 WORKDIR_ROOT = Path("runs")
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit signed seed
 
 
 def default_workdir(study_name: str) -> Path:
@@ -334,6 +335,8 @@ class Study(_Strict):
         for i, s in enumerate(v if isinstance(v, list) else []):
             if not isinstance(s, int) or isinstance(s, bool):
                 raise ValueError(f"entry {i} ({s!r}) is not an integer seed")
+            if s > MAX_SEED:
+                raise ValueError(f"entry {i} ({s}) is past the largest seed torch takes ({MAX_SEED})")
         return v
 
     @field_validator("seeds")

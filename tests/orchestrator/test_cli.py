@@ -138,6 +138,9 @@ BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or 
     "a boolean seed": (STUDY + "seeds: [0, true]\n", "seeds: entry 1 (True) is not an integer seed"),
     "a string seed": (STUDY + 'seeds: ["3"]\n', "seeds: entry 0 ('3') is not an integer seed"),
     "a float seed": (STUDY + "seeds: [2.0]\n", "seeds: entry 0 (2.0) is not an integer seed"),
+    "a seed past torch's": (STUDY + "seeds: [9223372036854775808]\n", "seeds: entry 0 (9223372036854775808) is past the largest seed"),
+    "a boolean ZeRO stage": (STUDY + "resources: {zero_stage: true}\n", "resources.zero_stage: must be a number (got True)"),
+    "a GPU count as text": (STUDY + 'resources: {gpus_per_worker: "1"}\n', "resources.gpus_per_worker: must be a number (got '1')"),
     "half a GPU per worker": (STUDY + "resources: {gpus_per_worker: 0.5}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 0.5)"),
     "two GPUs per worker": (STUDY + "resources: {gpus_per_worker: 2}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 2.0)"),
     "bf16 accumulation on GPU": (
@@ -252,3 +255,22 @@ def test_an_override_is_echoed_as_written_not_read_as_markup(tmp_path):
     res = CliRunner().invoke(app, ["validate", str(spec), "variants=[standard,coupled]", "seeds=[0,1]"])
     assert res.exit_code == 0, res.output
     assert f"{spec} variants=[standard,coupled] seeds=[0,1]: ok (s: 1 scale x 2 variants x 2 seeds, 4 runs)" in res.output, res.output
+
+
+def test_numbers_and_files_the_commands_cannot_take_end_in_one_line(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(STUDY + "seeds: [0, 1, 2]\n")
+    (tmp_path / "r.txt").write_bytes(b"\x00\xff\xfe binary")
+    big = tmp_path / "big.yaml"
+    big.write_text(STUDY.replace("budget: {tokens: 40960}", "budget: {tokens_per_param: 1e300, max_epochs: 1e308}"))
+    for argv, line in (
+        (["plan", str(spec), "--seed-sd", "inf"], "error: --seed-sd: inf nats is not a spread or gap the power calculation can take"),
+        (["plan", str(spec), "--seed-sd", "1e-320", "--gap", "0.1"], "error: --seed-sd: 9.99989e-321 nats is not a spread"),
+        (["plan", str(spec), "--seed-sd", "1e308", "--gap", "1"], "error: --seed-sd 1e+308: the power calculation has no answer for it"),
+        (["model", "info", "--preset", "cpu-xs", "--seq-len", "99999999999"], "--seq-len"),
+        (["train", str(tmp_path / "r.txt")], "error: a file given is not UTF-8 text"),
+        (["plan", str(big), "--write-runs", str(tmp_path / "runs")], "error: a number is out of range"),
+    ):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2 and line in " ".join(res.output.split()) and "Traceback" not in res.output, (argv, res.output[-1500:])
+    assert not (tmp_path / "runs").exists()  # a plan that cannot be shown writes no run file

@@ -29,7 +29,7 @@ def _text_corpus(tmp_path, n_bytes: int) -> CorpusConfig:
     d = tmp_path / "docs"
     d.mkdir(parents=True)
     for i in range(4):
-        (d / f"doc{i}.txt").write_text("x" * (n_bytes // 4))
+        (d / f"doc{i}.txt").write_text(("x" * 69 + "\n") * (n_bytes // 4 // 70))  # lines the tokenizer can train on
     return CorpusConfig(source="text", paths=[str(d)], val_fraction=0.1)
 
 
