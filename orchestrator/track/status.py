@@ -3,6 +3,7 @@ leases from the study's storage: who drives the study, who trains each run, hear
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,10 @@ def _train_runs(
 
         try:
             return sqlite_runs(db, study, kind)
-        except sqlite3.Error as e:  # say why this status is slower than usual
+        except sqlite3.Error as e:
+            if not _holds_mlflow_tables(db):  # MLflow's client would create them: reading never writes
+                raise StudyNotFound(f"{db}: not an MLflow store (no experiments table)") from None
+            # a schema that reader does not know: say why this status is slower than usual
             (warn or (lambda _: None))(f"{db}: read through MLflow's client ({type(e).__name__}: {e})")
     from mlflow.exceptions import MlflowException
 
@@ -119,6 +123,17 @@ def _train_runs(
         return None if exp is None else find_train_runs(client, exp.experiment_id, kind)
     except MlflowException as e:  # a server that does not answer or refuses us: exit 1, no traceback
         raise ConnectionError(f"tracking store {tracking_uri}: {e.message}") from e
+
+
+def _holds_mlflow_tables(db: Path) -> bool:
+    """Whether SQLite file ``db`` has MLflow's ``experiments`` table (read-only: never creates one)."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            return con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'experiments'").fetchone() is not None
+    except sqlite3.Error:  # not a database at all
+        return False
 
 
 def study_status(study: str, tracking_uri: str, spec: Any | None = None, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:

@@ -215,10 +215,16 @@ def test_the_systems_errors_end_in_one_line_and_an_exit_code_not_a_traceback(tmp
         "a store that is not a database": (
             ["status", str(spec), "--tracking-uri", f"sqlite:///{tmp_path / 'bad.db'}"],
             2,
-            "error: the tracking store cannot be read as an SQLite database (file is not a database)",
+            f"error: {tmp_path / 'bad.db'}: not an MLflow store (no experiments table)",
+        ),
+        "an empty file as the store, left empty": (
+            ["status", str(spec), "--tracking-uri", f"sqlite:///{tmp_path / 'empty.db'}"],
+            2,
+            f"error: {tmp_path / 'empty.db'}: not an MLflow store (no experiments table)",
         ),
     }
     (tmp_path / "bad.db").write_text("not sqlite\n")
+    (tmp_path / "empty.db").write_text("")
     big = tmp_path / "big.yaml"
     big.write_text(STUDY.replace("budget: {tokens: 40960}", "budget: {tokens_per_param: 1e300}"))
     cases["a number out of range"] = (["plan", str(big)], 2, "error: a number is out of range (int too large to convert to float)")
@@ -226,8 +232,16 @@ def test_the_systems_errors_end_in_one_line_and_an_exit_code_not_a_traceback(tmp
         res = CliRunner().invoke(app, argv)
         assert res.exit_code == code and "Traceback" not in res.output, (name, res.output[-2000:])
         assert line in " ".join(res.output.split()), (name, res.output[-2000:])
+    assert (tmp_path / "empty.db").stat().st_size == 0  # status read it and wrote nothing (MLflow would create its tables)
     # the control: a bug is not hidden as bad input
+    import sqlite3
+
     from orchestrator.cli_errors import system_error
+
+    assert system_error(sqlite3.DatabaseError("file is not a database")) == (
+        "the tracking store cannot be read as an SQLite database (file is not a database)",
+        2,
+    )
 
     assert system_error(KeyError("x")) is None and system_error(RuntimeError("x")) is None
 
