@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from .build import PreparedData, prepare
+from .check import corpus_problems
 from .config import CorpusConfig, MQARConfig, TokenizerConfig
 from .errors import DataError
 
@@ -31,6 +32,10 @@ def _as_list(value) -> list[str]:
     return [str(v) for v in value]
 
 
+# The spec fields corpus_problems names, as this command's options.
+_OPTION_OF = {"corpus.paths": "--path", "corpus.val_paths": "val_paths", "tokenizer.vocab_size": "--vocab-size"}
+
+
 def prepare_from_args(source: str, path: str | None, out: str | None, **options) -> PreparedData:
     """Build configs from flat CLI options and prepare into `out` (the cache root: the data lands in
     ``<out>/<content_hash>``).
@@ -39,7 +44,8 @@ def prepare_from_args(source: str, path: str | None, out: str | None, **options)
     tokenizer fields (vocab_size, byte_fallback, kind or tokenizer_kind, max_sentences, ...), corpus fields
     (text_column, val_fraction, val_paths, max_documents, max_bytes, document_boundary, exclude, seed),
     mqar fields (preset, num_kv_pairs, mqar_vocab_size, mqar_seq_len, power_a, ...), and num_proc /
-    progress. None values are ignored. Raises DataError for unknown options or invalid values.
+    progress. None values are ignored. Raises DataError for unknown options or invalid values,
+    and for files that cannot train (``data_pipeline.check``: what `qkstudy validate` refuses).
     """
     options = {k: v for k, v in options.items() if v is not None}
     corpus_kw: dict = {"source": source}
@@ -65,4 +71,7 @@ def prepare_from_args(source: str, path: str | None, out: str | None, **options)
     except ValidationError as e:
         fields = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors())
         raise DataError(f"source '{source}': invalid option ({fields})") from None
+    problems = corpus_problems(corpus, tokenizer)  # what validate refuses, refused here too, by option
+    if problems:
+        raise DataError("; ".join(f"{_OPTION_OF.get(where, where)}: {message}" for where, message in problems))
     return prepare(corpus, tokenizer, out, **run_kw)

@@ -91,6 +91,11 @@ def test_cli_support_errors(tmp_path):
         prepare_from_args("text", str(tmp_path), str(tmp_path / "out"), val_fraction=2.0)
     with pytest.raises(DataError, match="source 'text'.*no files match"):
         prepare_from_args("text", str(tmp_path / "none" / "*.txt"), str(tmp_path / "out"))
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "b.dat").write_bytes(bytes(range(256)) * 8)  # what validate refuses, prepare refuses
+    with pytest.raises(DataError, match=r"^--path: source 'text' \(.*bin\): .* binary or undecodable"):
+        prepare_from_args("text", str(tmp_path / "bin"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_cli_support_builds_configs(tmp_path):
