@@ -18,7 +18,10 @@ done that many optimizer steps:
   step, instead of sleeping and hoping the run is still training.
 
 The worker loop installs them for a worker group's first attempt only (no checkpoint existed
-when it started), so a retried group resumes instead of failing again (``step_hook``).
+when it started), so a retried group resumes instead of failing again (``step_hook``); and a
+point that fired leaves a mark in the study's storage, so an attempt retried before its first
+checkpoint was registered (a kill that lands while Ray Train's controller has yet to register it,
+as under load) does not fire it again.
 """
 
 from __future__ import annotations
@@ -30,11 +33,23 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["HOLD_FILE_ENV", "KILL_EXIT_CODE", "KILL_RUN_ENV", "FaultPoint", "StepHook", "armed_at", "hit", "step_hook"]
+__all__ = [
+    "FIRED_DIR",
+    "HOLD_FILE_ENV",
+    "KILL_EXIT_CODE",
+    "KILL_RUN_ENV",
+    "FaultPoint",
+    "StepHook",
+    "armed_at",
+    "fired_mark",
+    "hit",
+    "step_hook",
+]
 
 KILL_RUN_ENV = "QKSTUDY_TEST_KILL_RUN"  # when set: only the run of this name is killed
 HOLD_FILE_ENV = "QKSTUDY_TEST_HOLD_FILE"  # the file a held run creates, and waits for the test to delete
 HOLD_POLL_S = 0.1
+FIRED_DIR = "faults-fired"  # under the study's storage: the marks of fault points that fired
 KILL_EXIT_CODE = 17
 
 # Called before each optimizer step with the number of steps done so far.
@@ -103,17 +118,29 @@ def block() -> None:
     threading.Event().wait()
 
 
-def step_hook(run_name: str | None = None) -> StepHook | None:
+def fired_mark(fired_dir: str, point: FaultPoint, run_name: str | None) -> Path:
+    """The file that says ``point`` fired for ``run_name`` (under ``fired_dir``, the study's storage)."""
+    return Path(fired_dir) / FIRED_DIR / f"{run_name or 'any-run'}.{point.name}"
+
+
+def step_hook(run_name: str | None = None, fired_dir: str | None = None) -> StepHook | None:
     """A hook for the loop to call before each optimizer step, hitting every point armed for
     ``run_name``; None when none is armed (the loop then calls nothing). Reads the environment
-    once, when the run starts."""
+    once, when the run starts. ``fired_dir`` (a local folder every attempt of the run sees, the
+    study's storage): a point marks there that it fired, and is not armed again for the run."""
     armed = {p: at for p in FaultPoint if (at := armed_at(p, run_name)) is not None}
+    if fired_dir:
+        armed = {p: at for p, at in armed.items() if not fired_mark(fired_dir, p, run_name).exists()}
     if not armed:
         return None
 
     def hook(step: int) -> None:
         for point, at in armed.items():
             if step == at:
+                if fired_dir:
+                    mark = fired_mark(fired_dir, point, run_name)
+                    mark.parent.mkdir(parents=True, exist_ok=True)
+                    mark.touch()
                 hit(point, step, run_name)
 
     return hook

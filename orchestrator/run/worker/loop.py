@@ -500,6 +500,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     pin_ninja()  # the ninja the prebuild used: another one would rebuild the shm op (ext_lock)
     ctx = ray.train.get_context()
     first_attempt = ray.train.get_checkpoint() is None  # no checkpoint existed when the group started
+    storage = config.get("storage_path", "")
+    local_storage = storage if storage and "://" not in storage else None  # where a fired fault point leaves its mark
     timeline = Timeline.from_json(config.get("timeline")) if first_attempt else None
     timeline = timeline.mark("worker_group") if timeline else Timeline.since("restart")
     guard = WorkerGuard(ctx.get_world_rank(), config["tracking_uri"]).start()  # one watchdog per process
@@ -513,7 +515,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             ctx.get_world_rank(),
             ctx.get_world_size(),
             config.get("board"),
-            step_hook=faults.step_hook(item.run.run_name) if first_attempt else None,
+            step_hook=faults.step_hook(item.run.run_name, fired_dir=local_storage) if first_attempt else None,
             data_hash=item.data_hash,
             guard=guard,
             storage_path=config.get("storage_path", ""),

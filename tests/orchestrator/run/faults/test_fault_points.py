@@ -106,3 +106,17 @@ def test_a_hold_without_its_file_is_refused_by_name(monkeypatch):
     monkeypatch.setenv(HOLD.env, "3")
     with pytest.raises(ValueError, match="QKSTUDY_TEST_HOLD_AT_STEP is set but QKSTUDY_TEST_HOLD_FILE is not"):
         step_hook("r")
+
+
+def test_a_point_that_fired_is_not_armed_again_for_the_run(monkeypatch, tmp_path):
+    """A retried attempt that starts with no registered checkpoint (the kill landed before Ray
+    Train registered one) must not be killed again: the first firing leaves a mark."""
+    _disarm(monkeypatch)
+    monkeypatch.setenv(KILL.env, "2")
+    hits: list[FaultPoint] = []
+    monkeypatch.setattr(faults, "hit", lambda point, step, run_name=None: hits.append(point))
+    step_hook("r", fired_dir=str(tmp_path))(2)
+    assert hits == [KILL] and faults.fired_mark(str(tmp_path), KILL, "r").is_file()
+    assert step_hook("r", fired_dir=str(tmp_path)) is None  # the retry: disarmed
+    assert step_hook("other", fired_dir=str(tmp_path)) is not None  # another run: still armed
+    assert step_hook("r") is not None  # the control: without the shared folder it would fire again
