@@ -23,7 +23,7 @@ import re
 
 from data_pipeline.config import CorpusConfig, TokenizerConfig
 from data_pipeline.errors import DataError
-from data_pipeline.sources import input_files, read_bytes
+from data_pipeline.sources import DecodeStats, input_files, read_bytes
 from data_pipeline.storage import is_uri
 from data_pipeline.tokenizer import eligible_lines
 
@@ -52,11 +52,11 @@ class _Tally:
 
 def _tally(corpus: CorpusConfig, tokenizer: TokenizerConfig, enough: int) -> _Tally:
     """One pass over ``corpus``'s files; the piece bound stops growing past ``enough``."""
-    t = _Tally()
+    t, decoding = _Tally(), DecodeStats()
     for f, _ in input_files(corpus):
-        data = read_bytes(f)
-        text = data.decode("utf-8", errors="replace")
-        bad = text.count("\ufffd") - data.count("\ufffd".encode()) + text.count("\x00")
+        replaced = decoding.replaced_chars
+        text = decoding.decode(read_bytes(f), f.id)  # as prepare decodes it, counting what it replaces
+        bad = decoding.replaced_chars - replaced + text.count("\x00")
         t.files, t.chars, t.bad = t.files + 1, t.chars + len(text), t.bad + bad
         if bad:
             t.worst.append((bad / len(text), f.id))
