@@ -288,3 +288,15 @@ def test_numbers_and_files_the_commands_cannot_take_end_in_one_line(tmp_path):
         res = CliRunner().invoke(app, argv)
         assert res.exit_code == 2 and line in " ".join(res.output.split()) and "Traceback" not in res.output, (argv, res.output[-1500:])
     assert not (tmp_path / "runs").exists()  # a plan that cannot be shown writes no run file
+
+
+def test_the_clis_bounds_are_the_specs_and_the_tokenizers():
+    """cli.py keeps its own copies (importing the spec would cost every command pydantic's import):
+    they must not drift from the definitions they copy."""
+    from data_pipeline import TokenizerConfig
+    from orchestrator import cli
+    from orchestrator.plan import spec
+
+    assert cli.MAX_SEED == spec.MAX_SEED == 2**63 - 1
+    (le,) = [m.le for m in TokenizerConfig.model_fields["vocab_size"].metadata if getattr(m, "le", None) is not None]
+    assert cli.MAX_VOCAB == le
