@@ -55,6 +55,7 @@ def node(tmp_path):
             p.wait()
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_a_node_whose_start_ends_before_it_joined_is_started_once_more_with_a_warning(node):
     n = node(FAILS, JOINS)
     with pytest.warns(
@@ -65,6 +66,7 @@ def test_a_node_whose_start_ends_before_it_joined_is_started_once_more_with_a_wa
     assert len(n.started) == 2 and n.started[1].poll() is None and n.joined()
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_a_node_that_fails_twice_fails_with_the_second_attempts_output(node):
     n = node(FAILS, "echo 'second attempt: no GCS at 127.0.0.1' >&2; exit 1")
     with pytest.warns(UserWarning, match="raylet did not start"), pytest.raises(AssertionError, match="second attempt: no GCS"):
@@ -80,6 +82,7 @@ def test_a_node_that_joins_is_started_once_and_warns_nothing(node):
     assert len(n.started) == 1
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_a_node_that_neither_joins_nor_ends_fails_at_its_timeout_without_a_retry(node):
     n = node("echo 'still waiting for the raylet'; exec sleep 60", JOINS)
     with pytest.raises(AssertionError, match="still waiting for the raylet"):

@@ -10,6 +10,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.tiers import forbidden_command
 from tests.helpers import REPO
 
@@ -49,6 +51,7 @@ def test_a_session_of_another_process_passes():
 """
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_guard_fails_each_forbidden_start_and_passes_the_controls(tmp_path):
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.fixtures.tiers"]\n')
     (tmp_path / "test_guarded.py").write_text(GUARDED)
@@ -129,6 +132,7 @@ def _workers_by_test(tmp_path: Path, dist: str) -> dict[str, str]:
     return dict(line.split(" ", 1)[::-1] for line in out.read_text().splitlines())
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_tests_on_one_session_fixture_share_a_worker_and_a_plain_load_split_them(tmp_path) -> None:
     grouped = _workers_by_test(tmp_path, "loadgroup")
     own_study = ("test_bad_corpus", "test_changed_corpus")  # the e2e tests that train studies of their own

@@ -232,6 +232,7 @@ def _mixture_peaks(corpus_json: str) -> None:
     print(json.dumps({"streamed": streamed, "held": held, "chars": sum(chars)}))
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_iterating_a_mixture_holds_none_of_its_texts(tmp_path):
     """A 5 MB mixture iterated one document at a time: Python's own allocations stay under
     1 MB (ids, offsets and one document); the in-memory mixture, the negative control, holds

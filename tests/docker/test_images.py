@@ -340,6 +340,7 @@ def test_root_dockerignore_keeps_local_state_and_secrets_out(tmp_path: Path, doc
     }
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_a_second_image_build_waits_for_the_first(tmp_path: Path) -> None:
     """`make images` holds a lock across the base image, the wheelhouse and the builds: while
     another build holds it, a second one (the stack test's `make stack-up` while .ci/run's

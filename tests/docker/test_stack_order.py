@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
 
 FILES = ["tests/docker/test_stack.py", "tests/orchestrator/test_e2e.py", "tests/docker/test_compose.py"]  # stack, slow, unit
@@ -27,6 +29,7 @@ def collected(*extra: str) -> list[str]:
     return [line.split("::")[0] for line in res.stdout.splitlines() if "::" in line]
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_unit_then_slow_then_stack_whatever_the_command_lines_order() -> None:
     files = collected()
     groups = [0 if f == FILES[2] else 1 if f == FILES[1] else 2 for f in files]
@@ -35,6 +38,7 @@ def test_unit_then_slow_then_stack_whatever_the_command_lines_order() -> None:
     assert collected("--noconftest")[0] == FILES[0]
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_the_stack_tier_waits_for_a_running_image_build(tmp_path) -> None:
     import fcntl
     import threading

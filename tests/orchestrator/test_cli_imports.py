@@ -14,6 +14,7 @@ DEMO = str(REPO / "jobs" / "cpu-demo.yaml")
 NEVER = {"mlflow", "ray", "pandas", "matplotlib", "deepspeed", "scipy"}
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 @pytest.mark.parametrize(
     "args, code",
     [(["validate", DEMO], 0), (["plan", DEMO], 0), (["schema"], 0), (["validate", "bad.yaml"], 2), (["status", "no-such-study"], 2)],
@@ -28,6 +29,7 @@ def test_light_commands_do_not_import_mlflow_ray_or_pandas(args, code, tmp_path)
     assert not (tmp_path / "runs").exists()  # and nothing was written
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_the_probe_sees_what_a_command_imports(tmp_path):
     # negative control: `model info` builds a model, so torch must show up
     rc, heavy = cli_heavy_modules(["model", "info", "--preset", "cpu-xs", "--json"], cwd=tmp_path)
@@ -40,6 +42,7 @@ def test_every_input_error_is_named_by_the_module_that_defines_it():
         assert cls.__module__ == module and issubclass(cls, Exception), (module, name)
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 @pytest.mark.parametrize("command", ["validate", "plan"])
 def test_validate_and_plan_load_no_torch(command):
     # the planner counts parameters and FLOPs by arithmetic (model.counts), not on a torch model
@@ -48,6 +51,7 @@ def test_validate_and_plan_load_no_torch(command):
     assert "torch" not in heavy and "deepspeed" not in heavy, heavy
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_status_of_a_sqlite_store_reads_it_without_mlflow(tmp_path):
     """`status` of the embedded store answers from sqlite3 (``track.sqlite_runs``); an http
     store still goes through MLflow's client (the negative control: a server URI that does not

@@ -44,6 +44,7 @@ def _ids(runs: list[dict]) -> dict[str, str]:
     return {r["variant"]: r["run_id"] for r in runs}
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_a_module_beside_the_spec_plans_and_its_source_is_in_the_plug_in_runs_identity(beside):
     runs = plan_json(beside)
     by_variant = {r["variant"]: r for r in runs}
@@ -64,6 +65,7 @@ def test_a_module_beside_the_spec_plans_and_its_source_is_in_the_plug_in_runs_id
     assert edited["standard"]["run_id"] == by_variant["standard"]["run_id"]
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_an_installed_package_is_loaded_by_its_entry_point_and_its_version_is_recorded(tmp_path):
     src, site = tmp_path / "src", tmp_path / "site"
     shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
@@ -83,6 +85,7 @@ def test_an_installed_package_is_loaded_by_its_entry_point_and_its_version_is_re
     assert bare.returncode == EXIT_INPUT and "gated_qk" in bare.stderr
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 @pytest.mark.parametrize(
     "source, says",
     [
@@ -114,6 +117,7 @@ def test_an_unknown_plug_in_module_is_an_input_error(tmp_path):
     assert out.returncode == EXIT_INPUT and "no_such_plugin" in out.stderr and "ModuleNotFoundError" in out.stderr
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_model_check_loads_a_plug_in(beside):
     out = qk("model", "check", "gated_qk", "--plugin", PACKAGE, "--option", "gate_init=0.5", "--json", cwd=beside.parent)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -123,6 +127,7 @@ def test_model_check_loads_a_plug_in(beside):
     assert paired["ok"] is True
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_a_run_planned_with_other_plug_in_code_refuses_to_train(beside):
     """The worker's check (`load_planned`): the code that trains is the code the run id names."""
     planned = {r["variant"]: r for r in plan_json(beside)}["gated_qk"]["plugin"]
@@ -168,6 +173,7 @@ def test_a_path_is_not_a_plug_in_name(tmp_path):
     assert out.returncode == EXIT_INPUT and "is not a module name" in out.stderr
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_a_dotted_plug_in_ships_and_hashes_its_whole_top_level_package(tmp_path):
     pkg = tmp_path / "mypkg"
     shutil.copytree(EXAMPLE / PACKAGE, pkg / "variants")
@@ -179,6 +185,7 @@ def test_a_dotted_plug_in_ships_and_hashes_its_whole_top_level_package(tmp_path)
     assert {r["variant"]: r for r in plan_json(spec)}["gated_qk"]["plugin"]["source_hash"] != plugin["source_hash"]
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_an_identical_copy_elsewhere_is_not_a_shadow_but_a_different_one_is(tmp_path, beside):
     """Inside a submitted job the spec's folder and the job's py_modules hold the same plug-in."""
     elsewhere = tmp_path / "elsewhere"

@@ -39,6 +39,7 @@ window.addEventListener('load', () => {
 </script>"""
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
 def test_html_report_renders_every_figure_in_headless_chromium(main_report, tmp_path):
     summary, out = main_report
@@ -124,6 +125,7 @@ def _screenshot_drawn(tmp_path, uri: str, name: str) -> np.ndarray:
     return rgb
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
 def test_the_demo_reports_paired_dloss_figure_opens_in_headless_chromium(tmp_path):
     uri = mlflow_store(tmp_path, DEMO_LIKE)
@@ -144,6 +146,7 @@ def test_the_demo_reports_paired_dloss_figure_opens_in_headless_chromium(tmp_pat
     assert "Runs in MLflow" in shown and all(r in shown for r in runs["run_uuid"])  # SQLite: the ids, no page to link
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
 def test_on_a_server_every_run_links_to_its_mlflow_page_in_headless_chromium(synthetic_store, tmp_path):
     summary, tabs, _ = analyse(query_study(MAIN.study, synthetic_store), reference="standard", target="coupled", n_boot=20)

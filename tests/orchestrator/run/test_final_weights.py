@@ -91,6 +91,7 @@ def _load_elsewhere(uri: str, run_id: str, x: torch.Tensor, tmp_path: Path) -> t
     return torch.load(tmp_path / "y.pt", weights_only=True)
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_logged_weights_load_in_a_fresh_process_and_evaluate_to_the_known_loss(tmp_path, mqar_data):
     uri, run_id = _store(tmp_path, mqar_data.path)
     m = _uniform_model()

@@ -98,6 +98,7 @@ def _holder_of(outcomes: list[dict]) -> int:
     return winners[0]
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_racing_processes_have_exactly_one_holder(tmp_path):
     for rnd in range(3):
         # the winner holds long enough for a loser slowed by a loaded machine to still try
@@ -106,6 +107,7 @@ def test_racing_processes_have_exactly_one_holder(tmp_path):
     assert read_lease(str(tmp_path), "race0") is None  # every winner released
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_killed_holder_is_taken_over_after_ttl_and_not_before(tmp_path):
     ttl = 3.0
     holder = _spawn(location=str(tmp_path), name="study", ttl_s=ttl, heartbeat_s=0.3, hold_s=600)
@@ -160,6 +162,7 @@ def test_holder_dead_on_this_machine_is_taken_over_at_once_even_as_a_zombie(tmp_
         holder.wait()
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_heartbeat_keeps_a_long_lived_holder_and_a_waiter_gets_it_on_release(tmp_path):
     ttl = 3.0  # ten heartbeats per ttl: a holder starved for a second keeps its lease
     holder = _spawn(location=str(tmp_path), name="study", ttl_s=ttl, heartbeat_s=0.3, hold_s=4 * ttl)
@@ -184,6 +187,7 @@ def test_heartbeat_keeps_a_long_lived_holder_and_a_waiter_gets_it_on_release(tmp
         waiter.release()
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_stalled_holder_learns_it_lost_the_lease(tmp_path):
     ttl = 1.0
     holder = _spawn(location=str(tmp_path), name="study", ttl_s=ttl, heartbeat_s=0.2, hold_s=600)
@@ -255,6 +259,7 @@ def s3_uri():
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_object_store_race_has_one_holder_and_heartbeats(s3_uri, tmp_path):
     outcomes = _race(s3_uri, "race", 2, tmp_path, ttl_s=30, heartbeat_s=0.5, hold_s=3, settle_s=0.5)
     _holder_of(outcomes)

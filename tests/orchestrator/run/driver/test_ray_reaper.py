@@ -79,6 +79,7 @@ def test_a_worker_of_the_drivers_ray_session_that_is_not_its_descendant_is_ended
             p.wait()
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_a_killed_drivers_ray_children_are_ended_and_its_other_children_left_alone(tmp_path):
     drv = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True)
     assert drv.stdout.readline().strip() == "ready"

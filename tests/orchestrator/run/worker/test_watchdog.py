@@ -170,6 +170,7 @@ STUCK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # waits on child processes (CONTRIBUTING.md: test tiers)
 def test_a_process_stuck_in_a_c_call_is_ended_with_the_section_and_stack():
     port = free_port()
     t0 = time.time()
