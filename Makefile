@@ -86,6 +86,7 @@ bench: install
 	$(BIN)/python -m benchmarks.bare_steps
 	$(BIN)/python -m benchmarks.whole_run
 	$(BIN)/python -m benchmarks.demo
+	$(BIN)/python -m benchmarks.diag_spectrum
 
 clean:
 	rm -rf runs .pytest_cache

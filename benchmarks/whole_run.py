@@ -89,12 +89,13 @@ def section(r: dict[str, Any], argv: list[str]) -> str:
 
     m, plain = r["metrics"], r["plain"]
     ratio = r["stack_wall"] / r["plain_wall"]
-    inside = sum(m.get(f"time/{k}_s", 0.0) for k in ("step", "eval", "checkpoint"))
+    inside = sum(m.get(f"time/{k}_s", 0.0) for k in ("step", "eval", "diag", "checkpoint"))
     rows = [
         ("stack: `qkstudy run`, command to exit", r["stack_wall"]),
         ("- before the run's loop (CLI, Ray, data, MLflow, worker group, engine: the timeline below)", m.get(TOTAL, float("nan"))),
         ("- optimizer steps", m.get("time/step_s", float("nan"))),
         ("- evaluation (curve points and the final pass)", m.get("time/eval_s", float("nan"))),
+        ("- attention diagnostics (at the curve points the cadence picks)", m.get("time/diag_s", 0.0)),
         ("- checkpoints and final weights", m.get("time/checkpoint_s", float("nan"))),
         (
             "- the rest: logging, final weights, Ray shutdown, exit (the first step counts in the timeline and the steps)",

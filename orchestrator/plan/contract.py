@@ -161,6 +161,7 @@ class RunSpec(BaseModel):
     final_max_windows: int | None
     diagnostics: bool
     checkpoint_every_evals: int
+    diagnostics_every_evals: int = 1  # attention diagnostics at every n-th evaluation and the last
     corpus: dict[str, Any]
     tokenizer: dict[str, Any]
     resources: ResourcesSpec

@@ -260,6 +260,8 @@ def _run_spec(
         "tokenizer": study.tokenizer.model_dump(mode="json"),
         "data": extra["data_hash"],
     }
+    if study.eval.diagnostics and study.eval.diagnostics_every_evals != 1:  # the default keeps earlier ids
+        identity["eval"].append({"diagnostics_every_evals": study.eval.diagnostics_every_evals})
     if branch is not None:
         identity["branch"] = {"protocol": "branches", **branch}
     plugin = plugin_of(v.model_variant)
@@ -288,6 +290,7 @@ def _run_spec(
         eval_max_windows=study.eval.max_windows,
         final_max_windows=study.eval.final_max_windows,
         diagnostics=study.eval.diagnostics,
+        diagnostics_every_evals=study.eval.diagnostics_every_evals,
         checkpoint_every_evals=study.eval.checkpoint_every_evals,
         corpus=corpus,
         tokenizer=study.tokenizer.model_dump(mode="json"),

@@ -225,7 +225,12 @@ class EvalSpec(_Strict):
     Val loss is measured every ``every_tokens`` tokens (default: ``num_evals`` evenly spaced
     points), on a fixed subset of at most ``max_windows`` validation windows; at the end a
     full validation pass over at most ``final_max_windows`` windows (None: all of them).
-    Checkpoints are written at every ``checkpoint_every_evals``-th evaluation.
+    Checkpoints are written at every ``checkpoint_every_evals``-th evaluation. Attention
+    diagnostics (``diagnostics``: entropy, effective rank, spectral gap of every head's map on a
+    probe of 16 windows, ``model.diagnostics``) are measured at every
+    ``diagnostics_every_evals``-th evaluation and at the last one: at T = 1024 they cost more
+    than the evaluation itself, so a long GPU run asks for them less often. A value other than
+    1 enters the run's identity (what is logged differs); 1 keeps the ids runs had before it.
     """
 
     every_tokens: int | None = Field(default=None, gt=0)
@@ -233,6 +238,7 @@ class EvalSpec(_Strict):
     max_windows: int = Field(default=64, gt=0)
     final_max_windows: int | None = Field(default=None, gt=0)
     diagnostics: bool = True
+    diagnostics_every_evals: int = Field(default=1, gt=0, strict=True)
     checkpoint_every_evals: int = Field(default=1, gt=0)
 
 

@@ -3,8 +3,10 @@
 Why: a study's cost is what a researcher pays for an answer, and time outside optimizer steps
 (start-up, evaluations, checkpoints, logging) buys no training. Each finished run logs its
 split once, at its last step (``run.worker.loop.RunLoop.time_split``: ``time/elapsed_s`` from the
-worker loop's start and the watchdog's exclusive section totals ``time/{startup,step,eval,
-checkpoint}_s``; earlier attempts' figures as of their last checkpoint added). Here they are
+worker loop's start and the watchdog's exclusive section totals ``time/{startup,step,eval,diag,
+checkpoint}_s``; earlier attempts' figures as of their last checkpoint added). Attention
+diagnostics (``time/diag_s``, logged since they got a cadence of their own) count as evaluation
+here, as they did inside ``time/eval_s`` before, so older stores' tables read the same. Here they are
 summed per variant and over the study. Not in it: the driver's own start-up (Ray, data
 preparation), each pack's Ray Train worker-group start, the gaps between runs, failed runs,
 and what an attempt trained after its last checkpoint before it died. A store from before the
@@ -21,7 +23,7 @@ from orchestrator.report.parts.base import PartInput, Section
 
 TABLE = "time_split"
 SECTIONS = ("startup", "step", "eval", "checkpoint")
-KEYS = {"elapsed": "time/elapsed_s", **{s: f"time/{s}_s" for s in SECTIONS}}
+KEYS = {"elapsed": "time/elapsed_s", **{s: f"time/{s}_s" for s in SECTIONS}, "diag": "time/diag_s"}
 COLUMNS = ["variant", "runs", "elapsed_s", *(f"{s}_s" for s in SECTIONS), "other_s", "outside_steps"]
 GOAL = 0.05  # at most 5% of a run's wall-clock outside optimizer steps (BENCHMARKS.md)
 NOT_RECORDED = "time split not recorded"
@@ -49,6 +51,7 @@ def time_split_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame 
         row: dict[str, Any] = {"variant": name, "runs": len(g), "elapsed_s": float(g[KEYS["elapsed"]].sum())}
         for s in SECTIONS:
             row[f"{s}_s"] = float(g[KEYS[s]].sum())
+        row["eval_s"] += float(g[KEYS["diag"]].sum())  # diagnostics are part of an evaluation
         row["other_s"] = row["elapsed_s"] - sum(row[f"{s}_s"] for s in SECTIONS)
         row["outside_steps"] = 1.0 - row["step_s"] / row["elapsed_s"] if row["elapsed_s"] > 0 else float("nan")
         rows.append(row)

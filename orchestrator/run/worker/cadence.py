@@ -8,7 +8,8 @@ weights are saved instead), so a resume repeats at most that many evaluations' w
 Evaluations are counted over the whole run, a resumed or branched run continuing the count its
 checkpoint holds: the cadence of a resumed run is the one it would have had uninterrupted.
 Branch points (``protocol: branches``) are the retained checkpoints a trunk keeps at the steps
-its branches start from. Pure arithmetic: no torch, no Ray.
+its branches start from. Attention diagnostics follow every ``diagnostics_every_evals``-th
+evaluation and the last one, so every run ends with them. Pure arithmetic: no torch, no Ray.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from orchestrator.plan.contract import RunSpec
 
-__all__ = ["CheckpointCadence", "EvalCadence"]
+__all__ = ["CheckpointCadence", "DiagnosticsCadence", "EvalCadence"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,25 @@ class CheckpointCadence:
     def should_keep_branch_point(self, step: int) -> bool:
         """Whether ``step`` is a branch point this run (a trunk) keeps for its branches."""
         return step in self.branch_points
+
+
+@dataclass(frozen=True)
+class DiagnosticsCadence:
+    """When an evaluation also measures the attention diagnostics: at every ``every_evals``-th
+    evaluation of ``evals`` and at its last step; never when ``enabled`` is False."""
+
+    evals: EvalCadence
+    every_evals: int
+    enabled: bool = True
+
+    @classmethod
+    def of(cls, run: RunSpec) -> DiagnosticsCadence:
+        """The cadence ``run`` asks for (``diagnostics``, ``diagnostics_every_evals``)."""
+        return cls(EvalCadence.of(run), run.diagnostics_every_evals, run.diagnostics)
+
+    def should_diagnose(self, step: int, evals_done: int) -> bool:
+        """Whether the evaluation at ``step`` (the run's ``evals_done``-th, counted over the whole
+        run as ``CheckpointCadence`` counts them) measures the diagnostics."""
+        if not self.enabled or not self.evals.should_evaluate(step):
+            return False
+        return self.evals.is_last(step) or evals_done % self.every_evals == 0

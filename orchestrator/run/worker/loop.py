@@ -51,7 +51,7 @@ from orchestrator.run.worker.branching import (
     restore_branch_point,
     save_branch_point,
 )
-from orchestrator.run.worker.cadence import CheckpointCadence, EvalCadence
+from orchestrator.run.worker.cadence import CheckpointCadence, DiagnosticsCadence, EvalCadence
 from orchestrator.run.worker.optim import batch_geometry, deepspeed_config, lr_multiplier, param_groups
 from orchestrator.run.worker.recorder import NodePlace, Recorder, node_place
 from orchestrator.run.worker.stall import WorkerGuard, worker_log
@@ -106,6 +106,7 @@ class RunLoop:
         self.on_gpu = torch.cuda.is_available() and run.resources.gpus_per_worker > 0
         self.geom = batch_geometry(run.train.global_batch, world_size, run.train.micro_batch)
         self.evaluator, self.checkpointer = EvalCadence.of(run), CheckpointCadence.of(run)
+        self.diagnoser = DiagnosticsCadence.of(run)
 
     # -- setup -------------------------------------------------------------------------
     def _build(self) -> None:
@@ -295,7 +296,7 @@ class RunLoop:
             if evaluate:
                 evals += 1
                 with self.guard.section("eval"):
-                    val = self._eval_step(rec, step)
+                    val = self._eval_step(rec, step, evals)
             if self.checkpointer.should_checkpoint(step, evals):
                 self._checkpoint_step(rec, step, wall_s, evals, val)
             if self.checkpointer.should_keep_branch_point(step):  # a trunk: keep this step's checkpoint for its branches
@@ -387,14 +388,19 @@ class RunLoop:
             lambda: self.dist.sum([0.0], self.device),
         )
 
-    def _eval_step(self, rec: Recorder, step: int) -> float:
+    def _eval_step(self, rec: Recorder, step: int, evals: int) -> float:
         """Evaluate the curve's windows (and, at the last step, the final pass: those plus the
-        windows it adds, module docstring) and log them; returns the curve's val loss."""
+        windows it adds, module docstring) and log them, with the attention diagnostics when
+        their cadence says (``evals``: evaluations so far, this one included; timed on their
+        own, ``time/diag_s``); returns the curve's val loss."""
         r = self.run
         labelled = self.val_loader.labelled
         curve = self._evaluate(r.eval_max_windows)
         val, acc = val_metrics(curve, labelled)
-        diag = self._diagnostics() if r.diagnostics else {}
+        diag = {}
+        if self.diagnoser.should_diagnose(step, evals):
+            with self.guard.section("diag"):
+                diag = self._diagnostics()
         rec.eval_point(step, val, diag, accuracy=acc)
         if self.evaluator.is_last(step):
             final = curve

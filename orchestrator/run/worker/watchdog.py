@@ -13,7 +13,8 @@ ends its process (``os._exit(STALL_EXIT_CODE)``) so Ray ends the group and the s
 Bounds [s] (``WatchdogLimits``; ``$QKSTUDY_WATCHDOG`` overrides them, e.g. ``step=5,eval=60``):
 start-up covers model build, DeepSpeed initialize (a JIT compile of a CPU op, ~1 min, when not
 prebuilt) and checkpoint restore; a step is one optimizer step; eval the validation pass (the
-final one is the longest); checkpoint one save and its persist to the study's storage. A
+final one is the longest); diag an eval's attention diagnostics (nested in it); checkpoint one
+save and its persist to the study's storage. A
 nested section is timed on its own; the outer one's clock keeps running underneath it.
 
 ``Watchdog.seconds`` keeps each section's total time, exclusive of the sections nested in it
@@ -33,7 +34,7 @@ from dataclasses import dataclass, fields, replace
 
 WATCHDOG_ENV = "QKSTUDY_WATCHDOG"
 STALL_EXIT_CODE = 18  # distinct from the fault-injection kill (17)
-SECTIONS = ("startup", "step", "eval", "checkpoint")
+SECTIONS = ("startup", "step", "eval", "diag", "checkpoint")
 
 # (section, elapsed seconds, every thread's stack)
 StallCallback = Callable[[str, float, str], None]
@@ -46,6 +47,7 @@ class WatchdogLimits:
     startup: float = 1800.0
     step: float = 900.0
     eval: float = 1800.0
+    diag: float = 1800.0
     checkpoint: float = 1800.0
 
     def bound(self, section: str) -> float:

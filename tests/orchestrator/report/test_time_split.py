@@ -82,3 +82,12 @@ def test_finished_runs_without_a_split_are_counted_and_said():
     only_old = runs[runs["run_uuid"] == "old"]
     time_split.attach(summary, {}, only_old, metrics[metrics["run_uuid"] == "old"])
     assert "no finished training run logged one" in time_split.section_text(summary["time_split"])[0]
+
+
+def test_diagnostics_count_as_evaluation_and_leave_other_unchanged():
+    """``time/diag_s`` (diagnostics timed on their own, nested in the eval section) is part of the
+    evaluation column; a run without it reads as before."""
+    with_diag = {**SPLITS, "c": ("coupled", {**SPLITS["c"][1], "eval": 1.0, "diag": 3.0, "step": 32.0})}
+    table = time_split.time_split_table(*_frames(with_diag)).set_index("variant")
+    assert table.loc["coupled", "eval_s"] == 4.0 and table.loc["coupled", "other_s"] == pytest.approx(0.0)
+    assert table.loc["standard", "eval_s"] == 7.0  # no diag_s logged: eval alone

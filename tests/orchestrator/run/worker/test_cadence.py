@@ -1,11 +1,15 @@
-"""When the worker loop evaluates and checkpoints (``run.worker.cadence``), on synthetic steps:
-the loop asks these objects, so the steps here are the steps a run logs and saves at."""
+"""When the worker loop evaluates, checkpoints and measures attention diagnostics
+(``run.worker.cadence``), on synthetic steps: the loop asks these objects, so the steps here are
+the steps a run logs and saves at."""
+
+from collections.abc import Callable
 
 import pytest
 
 from orchestrator.plan.planner import plan
-from orchestrator.plan.spec import parse_spec
-from orchestrator.run.worker.cadence import CheckpointCadence, EvalCadence
+from orchestrator.plan.spec import SpecError, parse_spec
+from orchestrator.run.worker.cadence import CheckpointCadence, DiagnosticsCadence, EvalCadence
+from orchestrator.run.worker.watchdog import SECTIONS, Watchdog
 from tests.helpers import tiny_spec
 
 
@@ -13,14 +17,20 @@ def _evals(evals: EvalCadence, start: int = 0) -> list[int]:
     return [s for s in range(start + 1, evals.last_step + 1) if evals.should_evaluate(s)]
 
 
-def _checkpoints(ckpt: CheckpointCadence, start: int = 0, evals_done: int = 0) -> list[int]:
-    """The steps a loop resumed after ``start`` (with ``evals_done`` evaluations made) saves at."""
+def _due(evals: EvalCadence, due: Callable[[int, int], bool], start: int = 0, evals_done: int = 0) -> list[int]:
+    """The steps at which ``due(step, evaluations so far)`` holds for a loop resumed after
+    ``start`` with ``evals_done`` evaluations made (the loop counts them as it goes)."""
     out = []
-    for s in range(start + 1, ckpt.evals.last_step + 1):
-        evals_done += ckpt.evals.should_evaluate(s)
-        if ckpt.should_checkpoint(s, evals_done):
+    for s in range(start + 1, evals.last_step + 1):
+        evals_done += evals.should_evaluate(s)
+        if due(s, evals_done):
             out.append(s)
     return out
+
+
+def _checkpoints(ckpt: CheckpointCadence, start: int = 0, evals_done: int = 0) -> list[int]:
+    """The steps a loop resumed after ``start`` (with ``evals_done`` evaluations made) saves at."""
+    return _due(ckpt.evals, ckpt.should_checkpoint, start, evals_done)
 
 
 def test_evaluations_every_k_steps_and_at_the_last_step():
@@ -57,3 +67,48 @@ def test_the_cadence_of_a_planned_run(branch_points):
     assert ckpt.evals == EvalCadence.of(run) == EvalCadence(run.eval_every_steps, run.steps)
     assert ckpt.every_evals == run.checkpoint_every_evals and ckpt.branch_points == frozenset(branch_points)
     assert _evals(ckpt.evals)[-1] == run.steps
+
+
+def _diagnosed(diag: DiagnosticsCadence, start: int = 0, evals_done: int = 0) -> list[int]:
+    """The steps whose evaluation measures the diagnostics, resumed after ``start``."""
+    return _due(diag.evals, diag.should_diagnose, start, evals_done)
+
+
+def test_diagnostics_at_every_nth_evaluation_and_the_last_and_never_when_off():
+    evals = EvalCadence(every_steps=2, last_step=13)  # evaluations at 2, 4, ..., 12 and 13
+    assert _diagnosed(DiagnosticsCadence(evals, 1)) == _evals(evals) == [2, 4, 6, 8, 10, 12, 13]
+    assert _diagnosed(DiagnosticsCadence(evals, 3)) == [6, 12, 13]  # the 3rd, the 6th and the last
+    assert _diagnosed(DiagnosticsCadence(evals, 100)) == [13]  # every run ends with them
+    assert _diagnosed(DiagnosticsCadence(evals, 3), start=6, evals_done=3) == [12, 13]  # a resume keeps the cadence
+    assert _diagnosed(DiagnosticsCadence(evals, 1, enabled=False)) == []
+    assert not DiagnosticsCadence(evals, 1).should_diagnose(3, 1)  # no evaluation at step 3
+
+
+def test_the_diagnostics_cadence_of_a_planned_run_and_its_identity():
+    """``eval.diagnostics_every_evals`` reaches the run; 1 (the default) keeps the ids runs had
+    before it existed, another value is another run; a bool, text or a float is refused."""
+    spec = tiny_spec("cad")
+
+    def every(n: object, on: bool = True) -> dict:
+        return {**spec, "eval": {**spec["eval"], "diagnostics": on, "diagnostics_every_evals": n}}
+
+    (base,) = plan(parse_spec({**spec, "eval": {**spec["eval"], "diagnostics": True}}))  # the field unset
+    (off,) = plan(parse_spec(spec))
+    (same,), (sparse,) = plan(parse_spec(every(1))), plan(parse_spec(every(4)))
+    assert plan(parse_spec(every(4, on=False)))[0].run_id == off.run_id  # no diagnostics: the cadence is moot
+    assert base.diagnostics_every_evals == 1 and same.run_id == base.run_id != off.run_id
+    assert sparse.diagnostics_every_evals == 4 and sparse.run_id != base.run_id
+    assert DiagnosticsCadence.of(sparse) == DiagnosticsCadence(EvalCadence.of(sparse), 4, True)
+    for bad in (True, "2", 2.0, 0):
+        with pytest.raises(SpecError, match="diagnostics_every_evals"):
+            parse_spec(every(bad))
+
+
+def test_diagnostics_are_timed_on_their_own_inside_an_evaluation():
+    """``time/diag_s``: the watchdog's ``diag`` section, nested in ``eval`` and exclusive of it."""
+    assert "diag" in SECTIONS
+    wd = Watchdog(lambda *a: None)
+    with wd.section("eval"):
+        with wd.section("diag"):
+            pass
+    assert wd.seconds["diag"] > 0 and wd.seconds["eval"] > 0 and wd.limits.bound("diag") == 1800.0

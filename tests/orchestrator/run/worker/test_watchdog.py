@@ -117,7 +117,7 @@ def test_seconds_per_section_leave_nested_sections_out(monkeypatch):
             clock.now += 4.0
         clock.now += 1.0
     # eval is 2 + 1 (its 4 s checkpoint counts as checkpoint only); steps 3 x 0.5
-    assert wd.seconds == {"startup": 7.0, "step": 1.5, "eval": 3.0, "checkpoint": 4.0}
+    assert wd.seconds == {"startup": 7.0, "step": 1.5, "eval": 3.0, "diag": 0.0, "checkpoint": 4.0}
     assert wd.totals() == wd.seconds  # nothing open
 
 
@@ -135,7 +135,7 @@ def test_totals_count_the_open_sections_so_far(monkeypatch):
         clock.now += 0.5
         with wd.section("checkpoint"):
             clock.now += 0.25
-            assert wd.totals() == {"startup": 0.0, "step": 1.0, "eval": 2.5, "checkpoint": 0.25}
+            assert wd.totals() == {"startup": 0.0, "step": 1.0, "eval": 2.5, "diag": 0.0, "checkpoint": 0.25}
             assert wd.seconds["eval"] == 0.0  # not closed yet
 
 

@@ -4,7 +4,9 @@ parameter partitioned over 2 workers, the differential lambdas gathered) the sam
 ZeRO-0 at the same seed and step. Before the fix the probe held 2 windows (this test fails
 there) and the lambdas were read without a gather: in these runs DeepSpeed keeps parameters
 under its persistence threshold (1e5 elements) gathered after the first forward, so they
-happened to be whole, but a partitioned one raised (tests/model/test_diagnostics_zero3.py)."""
+happened to be whole, but a partitioned one raised (tests/model/test_diagnostics_zero3.py).
+The runs ask for diagnostics at every 2nd evaluation of 2: only the last one measures them
+(the cadence, ``eval.diagnostics_every_evals``), timed on their own (``time/diag_s``)."""
 
 import math
 
@@ -29,12 +31,13 @@ BASE = {
     "reference": "coupled_differential",
     "budget": {"mode": "tokens", "tokens": 10 * TPS},
     "train": {"global_batch": 8, "seq_len": 64, "log_every_steps": 5},
-    "eval": {"num_evals": 2, "max_windows": 4, "final_max_windows": 4, "diagnostics": True},
+    "eval": {"num_evals": 2, "max_windows": 4, "final_max_windows": 4, "diagnostics": True, "diagnostics_every_evals": 2},
 }
 
 
 def _diagnostics(tmp_path, stage: int) -> dict[str, list[tuple[int, float]]]:
-    """Every attn/* metric history of one 2-worker run at ZeRO `stage`: {key: [(step, value)]}."""
+    """Every attn/* metric history of one 2-worker run at ZeRO `stage`: {key: [(step, value)]},
+    and its ``time/diag_s`` (under that key)."""
     name = f"diag-z{stage}"
     study = parse_spec({**BASE, "name": name, "resources": {"workers": 2, "zero_stage": stage}})
     uri = mlflow_store(tmp_path / name)
@@ -44,16 +47,21 @@ def _diagnostics(tmp_path, stage: int) -> dict[str, list[tuple[int, float]]]:
     exp = c.get_experiment_by_name(name)
     assert exp is not None
     (run,) = c.search_runs([exp.experiment_id], "tags.`qkstudy.kind` = 'train'")
-    return {k: [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, k)] for k in run.data.metrics if k.startswith("attn/")}
+    diag_s = run.data.metrics.get("time/diag_s")
+    return {k: [(m.step, m.value) for m in c.get_metric_history(run.info.run_id, k)] for k in run.data.metrics if k.startswith("attn/")} | {
+        "time/diag_s": [(0, diag_s)]
+    }
 
 
 def test_zero3_diagnostics_equal_zero0_on_a_16_window_probe(local_ray, tmp_path):
     z0, z3 = _diagnostics(tmp_path, 0), _diagnostics(tmp_path, 3)
     assert sorted(z3) == sorted(z0)
+    for seconds in (z0.pop("time/diag_s")[0][1], z3.pop("time/diag_s")[0][1]):
+        assert seconds is not None and seconds > 0
     for name in NAMES:
         assert {f"attn/{name}", f"attn/{name}/std", *(f"attn/{name}/layer_{i}" for i in range(3))} <= set(z0)
-    assert [v for _, v in z0["attn/probe_windows"]] == [float(PROBE_WINDOWS)] * 2
-    assert [s for s, _ in z0["attn/entropy"]] == [5 * TPS, 10 * TPS]
+    assert [v for _, v in z0["attn/probe_windows"]] == [float(PROBE_WINDOWS)]
+    assert [s for s, _ in z0["attn/entropy"]] == [10 * TPS]  # the 2nd (and last) of evaluations at 5 and 10 steps
     for key, points in z0.items():
         assert [s for s, _ in z3[key]] == [s for s, _ in points], key
         for (_, want), (_, got) in zip(points, z3[key]):
