@@ -7,6 +7,7 @@ name the offending field.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -90,6 +91,11 @@ class CorpusConfig(_Strict):
       mqar     `mqar` (preset easy/medium/hard plus overrides), `seed`
     `exclude` (fnmatch patterns on a file's relative path) filters files of every file source;
     None means the source's default (stdlib: tests and idlelib; others: nothing).
+    Relative local `paths` and `val_paths` resolve against `root` (a study spec's folder, set by
+    the spec's loader; None: the current directory). `root` is where the files are, not what
+    they hold: it is never dumped, so neither the content hash nor a run's identity sees it, and
+    a spec planned from any folder plans the same ids (``local_path``; a mixture's components
+    take their mixture's root).
     Split: documents go to val when a hash of their id falls below `val_fraction`, unless `val_paths`
     (or `hf_val_split`) names the val documents explicitly. Caps `max_documents` and `max_bytes`
     (UTF-8 bytes of text) keep the first documents in the source's deterministic order.
@@ -111,6 +117,7 @@ class CorpusConfig(_Strict):
     components: list[MixtureComponent] = Field(default_factory=list)
     mqar: MQARConfig | None = None
     seed: int = 0
+    root: str | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
     def _check_source_fields(self) -> CorpusConfig:
@@ -139,6 +146,21 @@ class CorpusConfig(_Strict):
         if self.document_boundary not in allowed:
             raise ValueError(f"document_boundary: '{self.document_boundary}' not valid for source '{s}' (choose from {sorted(allowed)})")
         return self
+
+    def with_root(self, root: str | None) -> CorpusConfig:
+        """A copy whose relative local paths resolve against ``root`` (made absolute), its
+        mixture components' too; None: this config."""
+        if root is None:
+            return self
+        root = os.path.abspath(os.path.expanduser(root))
+        parts = [c.model_copy(update={"corpus": c.corpus.with_root(root)}) for c in self.components]
+        return self.model_copy(update={"root": root, "components": parts})
+
+    def local_path(self, path: str) -> str:
+        """A local ``paths``/``val_paths`` entry as a path to read (``~`` expanded; a relative one
+        joined to ``root`` when set, else left relative to the current directory)."""
+        p = os.path.expanduser(path)
+        return os.path.join(self.root, p) if self.root and not os.path.isabs(p) else p
 
     def resolved_mqar(self) -> MQARConfig:
         """The MQAR config of an `mqar` corpus (preset "easy" when none is given)."""

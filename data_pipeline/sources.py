@@ -102,7 +102,7 @@ def _list_files(patterns: list[str], corpus: CorpusConfig) -> list[_File]:
                 raise DataError(f"{corpus.label()}: {pattern} does not exist")
         else:
             fs = pafs.LocalFileSystem()
-            p = os.path.expanduser(pattern)
+            p = corpus.local_path(pattern)
             if os.path.isdir(p):
                 found = [(str(q), str(q.relative_to(p))) for q in Path(p).rglob("*") if q.is_file()]
             elif glob.has_magic(p):

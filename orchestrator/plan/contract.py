@@ -165,6 +165,9 @@ class RunSpec(BaseModel):
     corpus: dict[str, Any]
     tokenizer: dict[str, Any]
     resources: ResourcesSpec
+    # The folder the corpus's relative paths name files in (the spec's; data_pipeline's
+    # CorpusConfig.root): where to read, not what is read, so never in the identity.
+    corpus_root: str | None = None
     data_hash: str | None = None
     calibration: dict[str, Any] | None = None
     kind: str = "train"  # or "tune" (orchestrator.plan.tune_plan); in the identity only when not train

@@ -78,7 +78,7 @@ def corpus_hashes(study: Study, strict: bool = True) -> dict[str, str | None]:
     tokenizer = TokenizerConfig.model_validate(study.tokenizer.model_dump(mode="json"))
     out: dict[str, str | None] = {}
     for name, corpus in study.corpus_map.items():
-        cfg = CorpusConfig.model_validate(corpus.model_dump(mode="json"))
+        cfg = CorpusConfig.model_validate(corpus.model_dump(mode="json")).with_root(corpus.root)
         try:
             out[name] = content_hash(cfg, tokenizer, fingerprint(cfg))
         except (DataError, OSError) as e:

@@ -54,8 +54,9 @@ def _check_corpus_paths(study: Study) -> list[tuple[str, str]]:
             for i, p in enumerate(getattr(corpus, field)):
                 if "://" in p:
                     continue
-                if not glob.glob(str(Path(p).expanduser()), recursive=True):
-                    problems.append((f"{where}.{field}[{i}]", f"no file or folder matches {p!r} (relative to {Path.cwd()})"))
+                if not glob.glob(corpus.local_path(p), recursive=True):
+                    base = f" (relative to {corpus.root or Path.cwd()})" if not Path(p).expanduser().is_absolute() else ""
+                    problems.append((f"{where}.{field}[{i}]", f"no file or folder matches {p!r}{base}"))
         for j, c in enumerate(corpus.components):
             check(c.corpus, f"{where}.components[{j}].corpus")
 

@@ -293,6 +293,7 @@ def _run_spec(
         diagnostics_every_evals=study.eval.diagnostics_every_evals,
         checkpoint_every_evals=study.eval.checkpoint_every_evals,
         corpus=corpus,
+        corpus_root=study.corpus_map[corpus_name].root,
         tokenizer=study.tokenizer.model_dump(mode="json"),
         resources=study.resources,
         plugin=None if plugin is None else {**plugin.identity(), "path": plugin.path},

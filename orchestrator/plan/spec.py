@@ -509,6 +509,12 @@ def parse_spec(data: Any, path: str | Path = "<spec>", layers: list[Layer] | Non
     except ValidationError as e:
         _raise(path, validation_problems(e, Study), layers, overrides)
     study._overrides = tuple(overrides)
+    if str(path) != "<spec>":  # relative corpus paths name files beside the spec, as extends and plugins do
+        folder = str(Path(path).parent)
+        if study.corpora:
+            study.corpora = {name: c.with_root(folder) for name, c in study.corpora.items()}
+        elif study.corpus is not None:
+            study.corpus = study.corpus.with_root(folder)
     return study
 
 

@@ -113,7 +113,7 @@ def _prepare_task(corpus: dict, tokenizer: dict, cache_root: str | None) -> dict
 
     processes, pool = tokenizer_processes()
     p = prepare(
-        CorpusConfig.model_validate(corpus),
+        CorpusConfig.model_validate(corpus).with_root(corpus.get("root")),  # its components take the root too
         TokenizerConfig.model_validate(tokenizer),
         cache_root,
         num_proc=processes,
@@ -142,7 +142,7 @@ def prepare_data(runs: list[RunSpec]) -> dict[str, dict[str, Any]]:
     """
     from data_pipeline import DataError
 
-    wanted = {r.corpus_name: (r.corpus, r.tokenizer) for r in runs}
+    wanted = {r.corpus_name: ({**r.corpus, "root": r.corpus_root} if r.corpus_root else r.corpus, r.tokenizer) for r in runs}
     cache = os.environ.get("QKSTUDY_CACHE")
     refs = {name: _prepare_task.remote(c, t, cache) for name, (c, t) in wanted.items()}
     out = {}
