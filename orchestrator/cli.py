@@ -173,7 +173,7 @@ def plan_cmd(
 ) -> None:
     """Print the compute-matched runs of a study before anything runs."""
     from orchestrator.cli_files import write_run_files
-    from orchestrator.cli_tables import plan_rows, plan_table, power_text
+    from orchestrator.cli_tables import plan_rows, plan_table, power_text, recipe_table
     from orchestrator.plan.epochs import corpus_sizes
     from orchestrator.plan.inputs import fit_problems
     from orchestrator.plan.throughput import throughput_table
@@ -188,7 +188,7 @@ def plan_cmd(
         err.print(f"[yellow]warning[/]: {loc}: {escape(msg)}")
     table, sizes = throughput_table(s) or {}, corpus_sizes(s, {r.corpus_name: r.data_hash for r in runs})
     # shown before anything is written: a plan that cannot be shown writes no run file
-    shown = plan_rows(s, runs, table, sizes) if as_json else list(plan_table(s, runs, table, sizes))
+    shown = plan_rows(s, runs, table, sizes) if as_json else [*plan_table(s, runs, table, sizes), recipe_table(runs, s.tune is not None)]
     if write_runs:
         write_run_files(write_runs, runs)
     if as_json:

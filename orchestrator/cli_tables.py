@@ -86,6 +86,40 @@ def plan_table(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: 
     return t, f"total: {sum(r.tokens for r in runs):,} tokens, {sum(r.total_flops for r in runs):.3e} FLOPs" + est + f"\n{corpora}"
 
 
+def recipe_table(runs: list[Any], tuned: bool = False) -> Table:
+    """The training recipe each scale resolved to (``RunSpec.train``): one row per scale and
+    recipe, naming the variants that share it (a tuned or per-variant LR splits a scale's row);
+    warmup as the range of its runs' steps (a share of each run's steps: extends warm up longer).
+    ``tuned``: the study tunes its LR (``tune``), so the peak LR is the tuning's, not the plan's."""
+    rows: dict[tuple[str, Any], tuple[list[str], list[int]]] = {}
+    for r in runs:
+        names, warmups = rows.setdefault((r.scale, r.train.model_copy(update={"warmup_steps": 0, "log_every_steps": 0})), ([], []))
+        if r.variant not in names:
+            names.append(r.variant)
+        warmups.append(r.train.warmup_steps)
+    t = Table(title="recipe per scale (tokens/step = global batch x seq_len)")
+    cols = ["scale", "variants", "seq_len", "global batch", "tokens/step", "micro-batch", "peak LR", "schedule", "warmup", "decay", "min LR", "wd", "clip"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("scale", "variants", "schedule") else "right")
+    for (scale, tr), (variants, warmups) in rows.items():
+        t.add_row(
+            scale,
+            ", ".join(variants),
+            f"{tr.seq_len:,}",
+            f"{tr.global_batch:,}",
+            f"{tr.tokens_per_step:,}",
+            f"{tr.micro_batch:,}",
+            "tuned" if tuned else f"{tr.lr:.3g}",
+            tr.schedule,
+            f"{min(warmups):,}-{max(warmups):,} steps" if min(warmups) != max(warmups) else f"{warmups[0]:,} steps",
+            f"{tr.decay_fraction:g}" if tr.schedule == "wsd" else "-",
+            f"{tr.min_lr_ratio:g} x peak",
+            f"{tr.weight_decay:g}",
+            f"{tr.grad_clip:g}",
+        )
+    return t
+
+
 def calibration_table(study: Any, table: ThroughputTable) -> Table:
     """Measured tokens/s: one row per scale, one column per variant."""
     t = Table(title=f"{study.name}: tokens/s per run ({study.resources.workers} worker(s))")
@@ -125,7 +159,7 @@ def status_table(name: str, uri: str, rows: list[dict[str, Any]], lease: str = "
 
 
 def plan_rows(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: dict[str, CorpusSize]) -> list[dict[str, Any]]:
-    """``qkstudy plan --json``: one mapping per run (ids, counts, budget, its plug-in's module,
+    """``qkstudy plan --json``: one mapping per run (ids, counts, budget, recipe, its plug-in's module,
     version, source hash and path, epochs, estimated bytes per device, device-hours; None where
     unknown or not a plug-in's)."""
     hours, _ = plan_hours(study, runs, throughput)
@@ -142,6 +176,7 @@ def plan_rows(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: d
             "tokens": r.tokens,
             "steps": r.steps,
             "total_flops": r.total_flops,
+            "train": r.train.model_dump(mode="json"),
             "data_hash": r.data_hash,
             "plugin": r.plugin,
             "epochs": epochs(r, sizes),

@@ -47,6 +47,29 @@ def test_plan_json_fields(tmp_path):
         "total_flops",
     }
     assert rows[1]["tokens"] == 2 * rows[0]["tokens"]
+    assert rows[0]["train"]["seq_len"] == 128 and rows[0]["train"]["lr"] > 0  # the recipe each run trains with
+
+
+def test_plan_shows_each_scales_recipe(tmp_path):
+    """One row per scale and recipe: the variants sharing it, the batch in sequences and tokens,
+    micro-batch, peak LR ("tuned" when the study tunes it), schedule and the warmup range."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: s\nscales: [cpu-xs, cpu-s]\nvariants: [standard, coupled]\nbudget: {tokens: 40960}\nextend: [2]\n"
+        "train: {global_batch: 8, seq_len: 64, schedule: wsd}\n"
+    )
+    res = CliRunner().invoke(app, ["plan", str(spec)], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    rows = [line for line in res.output.splitlines() if line.startswith("│ cpu-")][-2:]
+    cells = [[c.strip() for c in row.strip("│").split("│")] for row in rows]
+    assert [c[:8] for c in cells] == [
+        ["cpu-xs", "standard, coupled", "64", "8", "512", "8", "0.003", "wsd"],
+        ["cpu-s", "standard, coupled", "64", "8", "512", "8", "0.002", "wsd"],
+    ]
+    assert cells[0][8].endswith("steps") and "-" in cells[0][8]  # the extend warms up longer
+    spec.write_text(spec.read_text() + "tune: {lr: [1e-3, 3e-3], tokens: 0.5}\n")
+    tuned = CliRunner().invoke(app, ["plan", str(spec)], env={"COLUMNS": "250"}).output
+    assert [line.split("│")[7].strip() for line in tuned.splitlines() if line.startswith("│ cpu-xs │ standard, coupled")] == ["tuned"]
 
 
 def test_status_of_unknown_study_exits_2_and_creates_nothing(tmp_path, monkeypatch):
