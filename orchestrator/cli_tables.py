@@ -98,7 +98,8 @@ def recipe_table(runs: list[Any], tuned: bool = False) -> Table:
             names.append(r.variant)
         warmups.append(r.train.warmup_steps)
     t = Table(title="recipe per scale (tokens/step = global batch x seq_len)")
-    cols = ["scale", "variants", "seq_len", "global batch", "tokens/step", "micro-batch", "peak LR", "schedule", "warmup", "decay", "min LR", "wd", "clip"]
+    cols = ["scale", "variants", "seq_len", "global batch", "tokens/step", "micro-batch", "peak LR", "schedule", "warmup"]
+    cols += ["decay", "min LR", "wd", "clip"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("scale", "variants", "schedule") else "right")
     for (scale, tr), (variants, warmups) in rows.items():
