@@ -101,11 +101,18 @@ def _spec_error(spec: Path, problems: list[tuple[str, str]], s):
     return spec_error(str(spec), problems, s.overrides)
 
 
-def _planned(study):
-    """The study's runs (``orchestrator.plan.inputs.plan_here``), warning of unreadable corpora."""
+def _planned(study, spec: Path):
+    """The study's runs (``orchestrator.plan.inputs.plan_here``), warning of unreadable corpora;
+    a plan refused for one field is a SpecError naming the file (or override) and the field."""
+    from orchestrator.plan.contract import PlanError
     from orchestrator.plan.inputs import plan_here
 
-    return plan_here(study, warn=lambda w: err.print(f"[yellow]warning[/]: {escape(w)}"))
+    try:
+        return plan_here(study, warn=lambda w: err.print(f"[yellow]warning[/]: {escape(w)}"))
+    except PlanError as e:
+        if e.field is None:
+            raise
+        raise _spec_error(spec, [(e.field, str(e))], study) from None
 
 
 def _study_uri(study: str, tracking_uri: str | None) -> tuple[str, str]:
@@ -138,7 +145,7 @@ def validate(
         err.print("[yellow]note[/]: corpus files not read (--data-elsewhere): `qkstudy run` checks them where the study runs")
     elif problems := data_problems(s):  # nothing that cannot train passes
         raise _spec_error(spec, problems, s)
-    runs = _planned(s)  # a spec that cannot be planned is not valid either
+    runs = _planned(s, spec)  # a spec that cannot be planned is not valid either
     problems = fit_problems(s, runs)  # nor one whose runs its data or devices cannot support
     problems += tuning_problems(s, runs)  # nor tuning runs too short to rank learning rates
     if problems:
@@ -183,7 +190,7 @@ def plan_cmd(
         raise typer.Exit(EXIT_INPUT)
     s = _load(spec, overrides)
     power = power_text(len(s.seeds), seed_sd, gap) if seed_sd is not None else ""  # before anything is written
-    runs = _planned(s)
+    runs = _planned(s, spec)
     for loc, msg in fit_problems(s, runs):  # shown, not refused: `validate` and `run` refuse them
         err.print(f"[yellow]warning[/]: {loc}: {escape(msg)}")
     table, sizes = throughput_table(s) or {}, corpus_sizes(s, {r.corpus_name: r.data_hash for r in runs})

@@ -58,7 +58,7 @@ def reference_branches(study: Study, reference_tokens: float, tokens_per_step: i
             min_lr_ratio=t.min_lr_ratio,
         )
     except FieldError as e:
-        raise PlanError(f"protocol: branches: {e}") from None  # str(e) is "<field>: <why>"
+        raise PlanError(f"protocol: branches: {e}", "protocol") from None  # str(e) is "<field>: <why>"
 
 
 def branch_family(study: Study, reference_tokens: float, train: TrainRecipe) -> BranchFamily:

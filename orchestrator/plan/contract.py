@@ -26,7 +26,12 @@ IDENTITY_VERSION = 2
 
 
 class PlanError(ValueError):
-    """The study validates but cannot be planned (e.g. a budget below one optimizer step)."""
+    """The study validates but cannot be planned (e.g. a budget below one optimizer step);
+    ``field``: the spec field to fix (``budget.tokens``), None when no one field is at fault."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class TrainRecipe(BaseModel):

@@ -146,7 +146,8 @@ def _plan_corpus(
         if d_ref < tps:
             raise PlanError(
                 f"budget for scale {scale} is {d_ref} tokens, less than one optimizer step "
-                f"({base.global_batch} x {base.seq_len} = {tps} tokens)"
+                f"({base.global_batch} x {base.seq_len} = {tps} tokens)",
+                "budget",
             )
         ref_steps = _steps_for(d_ref, tps)
         eval_every = max(1, study.eval.every_tokens // tps) if study.eval.every_tokens else max(1, ref_steps // study.eval.num_evals)
@@ -197,10 +198,12 @@ def _scale_recipe(study: Study, scale: str, mqar: dict[str, Any] | None) -> Trai
     if base.global_batch % study.resources.workers:
         raise PlanError(
             f"train.global_batch {base.global_batch} (at scale {scale}) is not divisible by "
-            f"resources.workers {study.resources.workers}: every worker takes an equal share"
+            f"resources.workers {study.resources.workers}: every worker takes an equal share",
+            "resources.workers",
         )
     if mqar and base.seq_len != mqar["seq_len"]:
-        raise PlanError(f"train.seq_len {base.seq_len} must equal the MQAR corpus's seq_len {mqar['seq_len']} (each example is one window)")
+        why = f"train.seq_len {base.seq_len} must equal the MQAR corpus's seq_len {mqar['seq_len']} (each example is one window)"
+        raise PlanError(why, "train.seq_len")
     return base
 
 
@@ -219,7 +222,8 @@ def _variant_tokens(
         raise PlanError(
             f"budget.mode wallclock needs the throughput of every variant at scale {scale}: "
             "declare budget.throughput (tokens/s per variant) or measure it with "
-            "`qkstudy calibrate SPEC`"
+            "`qkstudy calibrate SPEC`",
+            "budget.throughput",
         )
     return d_ref * thr[variant] / thr[study.reference]
 

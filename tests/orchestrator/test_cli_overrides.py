@@ -46,10 +46,16 @@ def test_validate_counts_the_runs_of_the_merged_spec(spec):
         ),
         ("budget", "override 'budget': expected KEY=VALUE"),
         ("budget.mode=banana", "override 'budget.mode=banana': budget.mode: Input should be 'tokens', 'flops' or 'wallclock'"),
+        # refused by the planner, not the schema: still the override and the field
+        ("budget={tokens: 1}", "override 'budget={tokens: 1}': budget: budget for scale cpu-xs is 1 tokens, less than one optimizer step"),
+        ("resources={workers: 3}", "override 'resources={workers: 3}': resources.workers: train.global_batch 16 (at scale cpu-xs) is not"),
+        ("train.seq_len=100", "override 'train.seq_len=100': train.seq_len: train.seq_len 100 must equal the MQAR corpus's seq_len 64"),
     ],
 )
 @pytest.mark.parametrize("command", ["validate", "plan"])
 def test_a_bad_override_exits_2_naming_it_and_the_field(spec, command, override, says):
+    if override.startswith("train.seq_len"):
+        spec.write_text(yaml.safe_dump({**SPEC, "corpus": {"source": "mqar", "mqar": {"preset": "easy"}}}))
     res = CliRunner().invoke(app, [command, str(spec), override])
     assert res.exit_code == 2, res.output
     assert says in " ".join(res.output.split())
@@ -133,3 +139,9 @@ def test_submit_validates_the_merged_spec(spec, monkeypatch):
     assert "override 'tracking_uri=null': tracking_uri:" in res.output
     res = CliRunner().invoke(app, ["submit", spec.name, "--address", "http://127.0.0.1:8265", "budget.tokns=1"])
     assert res.exit_code == 2 and "override 'budget.tokns=1': budget.tokns: unknown field" in res.output
+
+
+def test_a_plan_refused_for_a_field_of_the_file_names_the_file_and_the_field(spec):
+    spec.write_text(yaml.safe_dump({**SPEC, "resources": {"workers": 3}}))
+    res = CliRunner().invoke(app, ["validate", str(spec)])
+    assert res.exit_code == 2 and f"{spec}: resources.workers: train.global_batch 16" in " ".join(res.output.split())
