@@ -8,9 +8,10 @@ name the offending field.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from . import mqar
 
@@ -31,7 +32,42 @@ MQAR_PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-class _Strict(BaseModel):
+def integers_in(annotation: Any, value: Any) -> list[Any]:
+    """The parts of ``value`` that ``annotation`` means as integers: the value itself for
+    ``int`` (alone or with None), the items of a ``list[int]``, the values of a ``dict[..., int]``
+    (also inside a union with other shapes); [] when it means none."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if annotation is int:
+        return [value]
+    if origin in (Union, UnionType):
+        if any(a in (float, str, bool) for a in args):
+            return []  # a number or text is welcome there
+        return [x for a in args if a is not type(None) for x in integers_in(a, value)]
+    if origin is list and args == (int,) and isinstance(value, list):
+        return list(value)
+    if origin is dict and len(args) == 2 and args[1] is int and isinstance(value, dict):
+        return list(value.values())
+    return []
+
+
+class IntegersStrict(BaseModel):
+    """A model whose integer fields refuse ``true``, ``"3"`` and ``2.0`` by value, where YAML and
+    pydantic's lax mode would read them as 1, 3 and 2 (typos, not numbers). Floats stay lax:
+    YAML 1.1 reads ``3e-3`` as text, which a float field must still take. Every spec model
+    derives from it (``orchestrator.plan``), so a spec, an override and a plug-in's options
+    are read the same way."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integers_are_integers(cls, v: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        for x in integers_in(field.annotation, v) if field is not None else []:
+            if isinstance(x, bool | str | float):
+                raise ValueError(f"must be an integer, not {x!r}")
+        return v
+
+
+class _Strict(IntegersStrict):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -94,6 +94,15 @@ class ResourcesSpec(BaseModel):
             return {**data, "zero_stage": 1 if data.get("gpus_per_worker") else 2}
         return data
 
+    @field_validator("workers", "max_retries", mode="before")
+    @classmethod
+    def _counts_not_flags_text_or_fractions(cls, v: Any) -> Any:
+        # no coercion (as data_pipeline.config.IntegersStrict, which this leaf cannot import):
+        # true, "2" and 2.0 are typos, not counts
+        if isinstance(v, bool | str | float):
+            raise ValueError(f"must be an integer, not {v!r}")
+        return v
+
     @field_validator("zero_stage", "gpus_per_worker", mode="before")
     @classmethod
     def _numbers_not_flags_or_text(cls, v: Any) -> Any:

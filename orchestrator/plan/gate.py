@@ -31,14 +31,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from data_pipeline.config import IntegersStrict
 from orchestrator.plan.contract import RunSpec
 
 CURRENCY_WORDS = {"tokens": "equal tokens", "flops": "equal model FLOPs"}
 
 
-class GateSpec(BaseModel):
+class GateSpec(IntegersStrict):
     """The ``gate:`` section.
 
     Fields: metric (``paired_delta_loss``: the seed-paired difference of final val loss,

@@ -97,18 +97,29 @@ def estimate(run: RunSpec, bf16: bool | None = None) -> MemoryEstimate:
     return MemoryEstimate(weights, grads, optim, acts)
 
 
+# What one device can hold at most when a spec declares nothing (GiB): a run past these fits no
+# GPU (NVIDIA B300, 288 GB, the largest in 2026) or CPU machine (6 TiB) anyone has, so a
+# mistyped size is refused with its number instead of planned at millions of GiB per device.
+LARGEST_DEVICE_GIB = {"GPU": 288e9 / GIB, "CPU": 6 * 1024.0}
+
+
 def memory_problems(runs: list[RunSpec], limit_gb: float | None, shown: int = 5) -> list[str]:
     """One line per run whose estimate exceeds ``limit_gb`` GiB per device (``resources.device_memory_gb``;
-    the first ``shown``, then a count); [] when no limit is declared or every run fits."""
-    if limit_gb is None:
-        return []
-    over = [(r, e) for r in runs if (e := estimate(r)).total > limit_gb * GIB]
+    the first ``shown``, then a count); without a declared limit, per run past the largest
+    device of its kind (``LARGEST_DEVICE_GIB``); [] when every run fits."""
+    over = []
+    for r in runs:
+        kind = "GPU" if r.resources.gpus_per_worker else "CPU"
+        bound = limit_gb if limit_gb is not None else LARGEST_DEVICE_GIB[kind]
+        if (e := estimate(r)).total > bound * GIB:
+            why = f"resources.device_memory_gb {limit_gb:g}" if limit_gb is not None else f"any {kind} holds ({bound:,.0f} GiB)"
+            over.append((r, e, why))
     lines = [
-        f"run {r.run_name} ({r.run_id}) needs ~{e.total / GIB:.1f} GiB per device (states {e.states / GIB:.1f}, "
-        f"activations {e.activations / GIB:.1f} under ZeRO stage {r.resources.zero_stage} over {r.resources.workers} "
-        f"worker(s)) > resources.device_memory_gb {limit_gb:g}"
-        for r, e in over[:shown]
+        f"run {r.run_name} ({r.run_id}) needs ~{e.total / GIB:,.1f} GiB per device (states {e.states / GIB:,.1f}, "
+        f"activations {e.activations / GIB:,.1f} under ZeRO stage {r.resources.zero_stage} over {r.resources.workers} "
+        f"worker(s)) > {why}"
+        for r, e, why in over[:shown]
     ]
     if len(over) > shown:
-        lines.append(f"... and {len(over) - shown} more run(s) over resources.device_memory_gb {limit_gb:g}")
+        lines.append(f"... and {len(over) - shown} more run(s) over {over[shown][2]}")
     return lines

@@ -26,16 +26,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError
 from pydantic_core import InitErrorDetails
 
+from data_pipeline.config import IntegersStrict
 from orchestrator.plan import recipe
 from orchestrator.plan.ladder import FieldError, LadderSpec, ScaleShape, generate_ladder, shape_problems
 from orchestrator.plan.scale import ResolvedScale
 from orchestrator.plan.specfile import Loc, error_details, loc_str, value_error_details
 
 
-class LadderScale(BaseModel):
+class LadderScale(IntegersStrict):
     """A ``scales:`` entry ``{ladder: {...}}``: the rungs of ``LadderSpec`` become scales named
     by its ``names`` (default ``n<target>``, e.g. ``n590k``)."""
 

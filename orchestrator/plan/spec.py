@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from data_pipeline import CorpusConfig, TokenizerConfig
+from data_pipeline.config import IntegersStrict
 from model.config import Architecture
 from model.plugins import PluginError, load_entry_points, load_plugin
 from orchestrator.plan import recipe
@@ -81,7 +82,7 @@ def default_workdir(study_name: str) -> Path:
     return (WORKDIR_ROOT / study_name).resolve()
 
 
-class _Strict(BaseModel):
+class _Strict(IntegersStrict):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -366,6 +367,11 @@ class Study(_Strict):
         problem = None if v is None else credentials_problem(v)
         if problem:
             raise ValueError(problem)
+        if v is not None and "://" in v and not v.split("://", 1)[1].strip("/"):
+            scheme = v.split("://", 1)[0]
+            raise ValueError(f"{v!r} names no bucket or folder: write {scheme}://BUCKET/PREFIX")
+        if v is not None and not v.strip():
+            raise ValueError("is empty: leave it out for the study's own folder (runs/<study>/ray)")
         return v
 
     @field_validator("extend")

@@ -36,8 +36,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
+from data_pipeline.config import IntegersStrict
 from orchestrator.plan.ladder import FieldError, whole_steps
 from orchestrator.plan.specfile import Loc
 
@@ -45,7 +46,7 @@ KIND = "tune"
 FINISHED, FAILED, DIVERGED = "finished", "failed", "diverged"
 
 
-class TuneSpec(BaseModel):
+class TuneSpec(IntegersStrict):
     """The ``tune:`` section.
 
     Fields: lr (the grid of peak learning rates, each > 0; sorted, no repeats); tokens (an

@@ -166,6 +166,28 @@ BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or 
     "a GPU count as text": (STUDY + 'resources: {gpus_per_worker: "1"}\n', "resources.gpus_per_worker: must be a number (got '1')"),
     "half a GPU per worker": (STUDY + "resources: {gpus_per_worker: 0.5}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 0.5)"),
     "two GPUs per worker": (STUDY + "resources: {gpus_per_worker: 2}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 2.0)"),
+    # every integer field of a spec refuses a flag, text or a float by value (IntegersStrict)
+    "workers as a flag": (STUDY + "resources: {workers: true}\n", "resources.workers: must be an integer, not True"),
+    "retries as a fraction": (STUDY + "resources: {max_retries: 1.0}\n", "resources.max_retries: must be an integer, not 1.0"),
+    "a batch as text": (STUDY + 'train: {global_batch: "8"}\n', "train.global_batch: must be an integer, not '8'"),
+    "evals as a flag": (STUDY + "eval: {num_evals: true}\n", "eval.num_evals: must be an integer, not True"),
+    "a vocabulary as a float": (STUDY + "tokenizer: {vocab_size: 512.0}\n", "tokenizer.vocab_size: must be an integer, not 512.0"),
+    "a per-scale budget as a float": (
+        STUDY.replace("budget: {tokens: 40960}", "budget: {tokens: {cpu-xs: 40960.0}}"),
+        "budget.tokens: must be an integer, not 40960.0",
+    ),
+    "an inline shape's width as text": (
+        STUDY.replace("[cpu-xs]", "[{name: w64, n_layer: 2, d_model: '64', n_head: 2}]"),
+        "scales[0].d_model: must be an integer, not '64'",
+    ),
+    "a model no device holds": (
+        STUDY.replace("[cpu-xs]", "[{name: huge, n_layer: 2000, d_model: 65536, n_head: 512}]") + "train: {global_batch: 8, seq_len: 64}\n",
+        "resources.device_memory_gb: run standard-huge-s0-x1 (",
+    ),
+    "a storage URI without a bucket": (
+        STUDY + "storage_path: 's3://'\n",
+        "storage_path: 's3://' names no bucket or folder: write s3://BUCKET/PREFIX",
+    ),
     "bf16 accumulation on GPU": (
         STUDY + "resources: {gpus_per_worker: 1, zero_stage: 2}\n",
         "resources.zero_stage: must be 1 with GPUs (got 2): only ZeRO stage 1 accumulates bf16 gradients in fp32",
