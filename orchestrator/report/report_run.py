@@ -47,10 +47,16 @@ def report_run(client: MlflowClient, experiment_id: str, name: str, study: str) 
 
 def open_report_run(client: MlflowClient, experiment_id: str, name: str, study: str) -> tuple[str | None, bool, str | None]:
     """``report_run``, or (None, False, why) when this account may only read the study (a
-    reader on the stack, a ``qkstudy grant`` of READ): the report is still written to disk,
-    and the caller says it was not logged instead of failing after the analysis."""
+    reader on the stack, a ``qkstudy grant`` of READ), or when the store is a published one
+    (``track.publish``: its artifact locations lead nowhere, so a report run could only fail):
+    the report is still written to disk, and the caller says it was not logged instead of
+    failing after the analysis."""
     from mlflow.exceptions import MlflowException
 
+    from orchestrator.track.publish import is_published
+
+    if is_published(client.get_experiment(experiment_id).artifact_location):
+        return None, False, "not logged to MLflow: a published store (its artifacts were not published with it)"
     try:
         run_id, created = report_run(client, experiment_id, name, study)
         if not created:  # found by a search (a read): a write that changes nothing tells a reader now

@@ -168,8 +168,24 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None, warn: C
         for line in notes:
             (warn or (lambda _: None))(line)
         gated = _gated(study, tracking_uri, spec, db)
+        # A stored run no planned id matches, under a planned run's name, is that run trained
+        # under other ids (an earlier identity, a tuned LR): listed once, under its stored id.
+        by_name, planned_ids = {r.info.run_name: run_id for run_id, r in runs.items()}, {r.run_id for r in planned}
+        renamed = {}  # stored id -> the id this spec plans for the same run
         for run in planned:
-            if run.run_id not in runs:
+            if run.run_id not in runs and (stored := by_name.get(run.run_name)) is not None and stored not in planned_ids:
+                renamed[stored] = run.run_id
+        for row in rows:
+            if row["run_id"] in renamed:
+                row["note"] = (row["note"] + "; " if row["note"] else "") + f"planned here as {renamed[row['run_id']]}"
+        if renamed:
+            (warn or (lambda _: None))(
+                f"{len(renamed)} run(s) in MLflow carry other run ids than this spec plans for them (trained by an "
+                "earlier identity of qkstudy's runs, at a tuned LR this command does not resolve, or with other "
+                "settings): each is listed once, under its stored id, matched by name (variant, scale, seed, extend, corpus)"
+            )
+        for run in planned:
+            if run.run_id not in runs and run.run_id not in renamed.values():
                 why = gated.get((run.corpus_name, run.variant, run.scale))
                 rows.append(
                     {

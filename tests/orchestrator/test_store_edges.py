@@ -16,7 +16,8 @@ from tests.published import unzip_store
 def _finished_run(db: Path) -> str:
     with sqlite3.connect(db) as con:
         return con.execute(
-            "SELECT t.value FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid WHERE t.key = 'run_id' AND r.status = 'FINISHED' LIMIT 1"
+            "SELECT t.value FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid "
+            "WHERE t.key IN ('run_id', 'qkstudy.run_id') AND r.status = 'FINISHED' LIMIT 1"
         ).fetchone()[0]
 
 
