@@ -51,10 +51,11 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
     help="Compute-matched scaling studies of attention variants.",
 )
-data_app = typer.Typer(no_args_is_help=True, help="Prepare corpora into token shards.")
-model_app = typer.Typer(no_args_is_help=True, help="Inspect model presets and variants.")
+data_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Prepare corpora into token shards.")
+model_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Inspect model presets and variants.")
 app.add_typer(data_app, name="data")
 app.add_typer(model_app, name="model")
 
@@ -102,17 +103,10 @@ def _spec_error(spec: Path, problems: list[tuple[str, str]], s):
 
 
 def _planned(study, spec: Path):
-    """The study's runs (``orchestrator.plan.inputs.plan_here``), warning of unreadable corpora;
-    a plan refused for one field is a SpecError naming the file (or override) and the field."""
-    from orchestrator.plan.contract import PlanError
+    """The study's runs (``orchestrator.plan.inputs.plan_here``), warning of unreadable corpora."""
     from orchestrator.plan.inputs import plan_here
 
-    try:
-        return plan_here(study, warn=lambda w: err.print(f"[yellow]warning[/]: {escape(w)}"))
-    except PlanError as e:
-        if e.field is None:
-            raise
-        raise _spec_error(spec, [(e.field, str(e))], study) from None
+    return plan_here(study, warn=lambda w: err.print(f"[yellow]warning[/]: {escape(w)}"), path=spec)
 
 
 def _study_uri(study: str, tracking_uri: str | None) -> tuple[str, str]:
@@ -134,7 +128,7 @@ def validate(
     """Validate a spec; print every error with its file and field path (exit code 2).
 
     The corpus files are read where they stand: missing or empty paths, binary content and a
-    vocabulary the text cannot fill are refused (``--data-elsewhere``: said, not checked)."""
+    vocabulary the text cannot fill are refused (`--data-elsewhere`: said, not checked)."""
     from orchestrator.plan.inputs import fit_problems
     from orchestrator.plan.paths import data_problems
     from orchestrator.plan.tune_plan import tuning_problems
@@ -294,7 +288,7 @@ def train(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default runs/<study>/mlflow.db)."),
     storage_path: str | None = typer.Option(None, "--storage", help="Ray Train storage (default runs/<study>/ray)."),
     address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the workers' logs."),
 ) -> None:
     """Train one run, for debugging, on the same code path as `qkstudy run`."""
     from orchestrator.cli_files import load_run_file
@@ -412,11 +406,11 @@ def _contrast_pair(text: str) -> tuple[str, str]:
 def export(
     study: str = typer.Argument(..., help="Study name or spec path."),
     out_file: Path = typer.Option(..., "--out", help="Parquet file to write."),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's)."),
     tuning: bool = typer.Option(False, "--tuning", help="Include the LR-tuning runs (column kind: tune)."),
 ) -> None:
     """Export a study's runs and metric histories from MLflow as one tidy Parquet table (a row
-    per run, metric and point; ``tokens``: the tokens seen at the point)."""
+    per run, metric and point; `tokens`: the tokens seen at the point)."""
     from orchestrator.report import export_study
 
     name, uri = _study_uri(study, tracking_uri)
@@ -428,14 +422,14 @@ def export(
 @input_errors
 def status(
     study: str = typer.Argument(..., help="Study name or spec path."),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's)."),
     address: str | None = typer.Option(
         None,
         callback=jobs_dashboard,
         help="Ray dashboard URL: also list the study's Ray jobs (default: RAY_API_SERVER_ADDRESS, else RAY_ADDRESS).",
     ),
-    allow_insecure: bool = typer.Option(False, "--allow-insecure"),
-    as_json: bool = typer.Option(False, "--json"),
+    allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     tuning: bool = typer.Option(True, "--tuning/--no-tuning", help="Also list the study's LR-tuning runs."),
 ) -> None:
     """Each run's state from MLflow (and the study's Ray jobs with --address)."""
@@ -520,7 +514,7 @@ def model_info_cmd(
     variant: str = typer.Option("standard", help="Model variant."),
     seq_len: int | None = typer.Option(None, min=1, max=MAX_SEQ_LEN, help="Sequence length (default: the preset's)."),
     vocab_size: int | None = typer.Option(None, min=2, max=MAX_VOCAB, help="Vocabulary size (default: the preset's)."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Parameter counts and FLOPs per token: analytic, and measured with FlopCounterMode."""
     from model.info import model_info
@@ -562,12 +556,12 @@ def model_check_cmd(
     seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Seed of the models compared."),
     plugin: list[str] = typer.Option([], "--plugin", help="A plug-in module to load first, from this folder or installed (repeatable)."),
     arch: list[str] = typer.Option([], "--arch", help="A backbone layout field as KEY=VALUE, e.g. positions=rope (repeatable)."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Every check the built-in variants pass, on one variant: stage shapes, finite forward and
     backward with a gradient for every parameter, causality, seeded and paired initial weights,
     analytic counts against the built model, executed FLOPs against FlopCounterMode; on the
-    GPT-2 layout or the one ``--arch`` sets (a spec's ``architecture``: RoPE, RMSNorm, ...).
+    GPT-2 layout or the one `--arch` sets (a spec's `architecture`: RoPE, RMSNorm, ...).
     Exits 1 if a check fails, 2 on an unknown preset, variant, option or layout field."""
     from model.check import check_variant
     from model.config import Architecture

@@ -155,7 +155,7 @@ def logs_cmd(
     job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy submit`."),
     address: str = typer.Option(None, callback=dashboard, help=_ADDRESS_HELP, show_default=False),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Keep printing until the job ends."),
-    allow_insecure: bool = typer.Option(False, "--allow-insecure"),
+    allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host."),
 ) -> None:
     """Print (and follow) a submitted job's logs."""
     from orchestrator.run.driver.submit import follow_logs
@@ -168,7 +168,7 @@ def logs_cmd(
 def stop_cmd(
     job_id: str = typer.Argument(..., help="Ray job id printed by `qkstudy submit`."),
     address: str = typer.Option(None, callback=dashboard, help=_ADDRESS_HELP, show_default=False),
-    allow_insecure: bool = typer.Option(False, "--allow-insecure"),
+    allow_insecure: bool = typer.Option(False, "--allow-insecure", help="Allow plain http to a non-loopback host."),
 ) -> None:
     """Stop a submitted job and print its final status (exit 0; 2 for an unknown job id). Its
     finished runs stay finished in MLflow: a resubmit trains the rest."""

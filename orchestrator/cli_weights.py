@@ -65,7 +65,7 @@ def eval_cmd(
         min=1,
         help="Evaluate the first N fixed val windows (default: all). The spec's eval.final_max_windows reproduces final/val_loss.",
     ),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Load a finished run's final weights and evaluate them: mean val loss over a corpus's fixed windows."""
@@ -107,7 +107,7 @@ def sample_cmd(
     top_k: int | None = typer.Option(None, "--top-k", min=1, help="Sample among the K likeliest tokens."),
     seed: int = typer.Option(0, help="Sampling seed."),
     corpus: Path | None = typer.Option(None, "--corpus", help="Prepared corpus whose tokenizer to use (default: the run's)."),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default: MLFLOW_TRACKING_URI, else the study's)."),
 ) -> None:
     """Load a finished run's final weights and continue a prompt; prints prompt + N new tokens."""
     from orchestrator.run.final_weights import sample_text

@@ -22,10 +22,12 @@ A plan the data or the devices cannot support is refused here (``fit_problems``)
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from orchestrator.plan.contract import PlanError, RunSpec
 from orchestrator.plan.epochs import corpus_sizes, epoch_problems
 from orchestrator.plan.memory import memory_problems
+from orchestrator.plan.overrides import spec_error
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import Study
 from orchestrator.plan.throughput import throughput_table
@@ -104,14 +106,25 @@ def plan_study(study: Study, strict: bool = True) -> list[RunSpec]:
     return runs
 
 
-def plan_here(study: Study, warn: Callable[[str], None]) -> list[RunSpec]:
+def plan_here(study: Study, warn: Callable[[str], None], path: str | Path = "<spec>") -> list[RunSpec]:
     """``plan_study`` for commands that only look (``qkstudy plan``, ``validate``): a corpus
     whose files cannot be read on this machine (a cluster's) is planned without its hash,
-    and ``warn`` is called with one line saying so."""
+    and ``warn`` is called with one line saying so.
+
+    Raises:
+        SpecError: the plan is refused for one field (``PlanError.field``), named with the
+            file ``path`` or the override that set it.
+        PlanError: refused for no one field.
+    """
     data = corpus_hashes(study, strict=False)
     for name in [n for n, h in data.items() if h is None]:
         warn(
             f"corpus {name!r}: its files cannot be read here, so its runs' ids leave out its content hash "
             "(the driver that runs the study computes it)"
         )
-    return plan(study, throughput_table(study), data)
+    try:
+        return plan(study, throughput_table(study), data)
+    except PlanError as e:
+        if e.field is None:
+            raise
+        raise spec_error(str(path), [(e.field, str(e))], study.overrides) from None

@@ -168,13 +168,7 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None, warn: C
         for line in notes:
             (warn or (lambda _: None))(line)
         gated = _gated(study, tracking_uri, spec, db)
-        # A stored run no planned id matches, under a planned run's name, is that run trained
-        # under other ids (an earlier identity, a tuned LR): listed once, under its stored id.
-        by_name, planned_ids = {r.info.run_name: run_id for run_id, r in runs.items()}, {r.run_id for r in planned}
-        renamed = {}  # stored id -> the id this spec plans for the same run
-        for run in planned:
-            if run.run_id not in runs and (stored := by_name.get(run.run_name)) is not None and stored not in planned_ids:
-                renamed[stored] = run.run_id
+        renamed = stored_under_other_ids(runs, planned)
         for row in rows:
             if row["run_id"] in renamed:
                 row["note"] = (row["note"] + "; " if row["note"] else "") + f"planned here as {renamed[row['run_id']]}"
@@ -202,6 +196,18 @@ def study_status(study: str, tracking_uri: str, spec: Any | None = None, warn: C
                 )
     order = {STATUS_RUNNING: 0, STATUS_FAILED: 1, STATUS_QUEUED: 2, STATUS_PLANNED: 3, STATUS_FINISHED: 4, STATUS_GATED: 5}
     return sorted(rows, key=lambda r: (order.get(r["status"], 9), r["run_name"]))
+
+
+def stored_under_other_ids(runs: dict[str, Any], planned: list[Any]) -> dict[str, str]:
+    """{stored run id: the id the spec plans} for each stored run (``runs``: run id -> MLflow
+    run) that no planned id matches but that carries a planned run's name: that run, trained
+    under other ids (an earlier identity of runs, a tuned LR this plan does not resolve)."""
+    by_name, planned_ids = {r.info.run_name: run_id for run_id, r in runs.items()}, {r.run_id for r in planned}
+    return {
+        stored: run.run_id
+        for run in planned
+        if run.run_id not in runs and (stored := by_name.get(run.run_name)) is not None and stored not in planned_ids
+    }
 
 
 def tuning_status(study: str, tracking_uri: str, spec: Any | None = None) -> list[dict[str, Any]]:

@@ -345,3 +345,29 @@ def test_the_clis_bounds_are_the_specs_and_the_tokenizers():
     assert cli.MAX_SEED == spec.MAX_SEED == 2**63 - 1
     (le,) = [m.le for m in TokenizerConfig.model_fields["vocab_size"].metadata if getattr(m, "le", None) is not None]
     assert cli.MAX_VOCAB == le
+
+
+def _commands(group, path=()):
+    """Every command path of the CLI (groups included), from its click tree."""
+    yield list(path)
+    for name, sub in (getattr(group, "commands", None) or {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_option_has_help_and_help_prints_no_markup_or_type_tags():
+    """Issue 51: help text for every option; plain help (no `<bool>` type tags, no raw rich or
+    reST markup, sentences wrapped whole rather than cut where the docstring's lines end)."""
+    import typer
+
+    root = typer.main.get_command(app)
+    missing = []
+    for path in _commands(root):
+        command = root
+        for name in path:
+            command = command.commands[name]
+        missing += [(" ".join(path), p.opts) for p in command.params if p.name != "help" and not getattr(p, "help", None)]
+        out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).output
+        assert not [t for t in ("``", "[/", "[bold", "[yellow", "<bool>") if t in out], (path, out)
+    assert missing == []
+    wrapped = CliRunner().invoke(app, ["submit", "--help"], env={"COLUMNS": "80"}).output
+    assert "follow its logs until it ends" in " ".join(wrapped.split())  # one sentence, not cut at "until it"
