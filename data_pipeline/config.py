@@ -7,6 +7,7 @@ name the offending field.
 
 from __future__ import annotations
 
+import math
 import os
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -32,42 +33,56 @@ MQAR_PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-def integers_in(annotation: Any, value: Any) -> list[Any]:
-    """The parts of ``value`` that ``annotation`` means as integers: the value itself for
-    ``int`` (alone or with None), the items of a ``list[int]``, the values of a ``dict[..., int]``
-    (also inside a union with other shapes); [] when it means none."""
+def numbers_in(annotation: Any, value: Any, kind: type) -> list[Any]:
+    """The parts of ``value`` that ``annotation`` means as numbers of ``kind`` (int or float):
+    the value itself for ``kind`` (alone or with None), the items of a ``list[kind]``, the
+    values of a ``dict[..., kind]`` (also inside a union with other shapes); [] when it means
+    none, or when the union also welcomes another kind of scalar."""
     origin, args = get_origin(annotation), get_args(annotation)
-    if annotation is int:
+    if annotation is kind:
         return [value]
     if origin in (Union, UnionType):
-        if any(a in (float, str, bool) for a in args):
-            return []  # a number or text is welcome there
-        return [x for a in args if a is not type(None) for x in integers_in(a, value)]
-    if origin is list and args == (int,) and isinstance(value, list):
+        if any(a in ({int, float, str, bool} - {kind}) for a in args):
+            return []
+        return [x for a in args if a is not type(None) for x in numbers_in(a, value, kind)]
+    if origin is list and args == (kind,) and isinstance(value, list):
         return list(value)
-    if origin is dict and len(args) == 2 and args[1] is int and isinstance(value, dict):
+    if origin is dict and len(args) == 2 and args[1] is kind and isinstance(value, dict):
         return list(value.values())
     return []
 
 
-class IntegersStrict(BaseModel):
-    """A model whose integer fields refuse ``true``, ``"3"`` and ``2.0`` by value, where YAML and
-    pydantic's lax mode would read them as 1, 3 and 2 (typos, not numbers). Floats stay lax:
-    YAML 1.1 reads ``3e-3`` as text, which a float field must still take. Every spec model
-    derives from it (``orchestrator.plan``), so a spec, an override and a plug-in's options
-    are read the same way."""
+def _finite(x: Any) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return True  # not a number at all: pydantic's own check says so
+
+
+class NumbersStrict(BaseModel):
+    """A model whose number fields read only numbers. An integer field refuses ``true``, ``"3"``
+    and ``2.0`` by value, where YAML and pydantic's lax mode would read them as 1, 3 and 2
+    (typos, not numbers); a float field refuses ``true`` and a non-finite value (``.inf``,
+    ``.nan``, ``"inf"``), and still takes text that is a number, because YAML 1.1 reads ``3e-3``
+    as text. Every spec model derives from it (``orchestrator.plan``), so a spec and an
+    override are read the same way."""
 
     @field_validator("*", mode="before")
     @classmethod
-    def _integers_are_integers(cls, v: Any, info: ValidationInfo) -> Any:
+    def _numbers_are_numbers(cls, v: Any, info: ValidationInfo) -> Any:
         field = cls.model_fields.get(info.field_name or "")
-        for x in integers_in(field.annotation, v) if field is not None else []:
+        if field is None:
+            return v
+        for x in numbers_in(field.annotation, v, int):
             if isinstance(x, bool | str | float):
                 raise ValueError(f"must be an integer, not {x!r}")
+        for x in numbers_in(field.annotation, v, float):
+            if isinstance(x, bool) or not _finite(x):
+                raise ValueError(f"must be a {'' if isinstance(x, bool) else 'finite '}number, not {x!r}")
         return v
 
 
-class _Strict(IntegersStrict):
+class _Strict(NumbersStrict):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

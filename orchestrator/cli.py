@@ -220,8 +220,8 @@ def plan_cmd(
 def calibrate(
     spec: Path = typer.Argument(..., help="Study spec (YAML)."),
     address: str | None = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else a local Ray)."),
-    repeats: int = typer.Option(7, help="Timed repeats per (scale, variant), interleaved (median)."),
-    max_spread: float = typer.Option(0.05, help="Largest (max - min) / median of an entry's repeats."),
+    repeats: int = typer.Option(7, min=1, help="Timed repeats per (scale, variant), interleaved (median)."),
+    max_spread: float = typer.Option(0.05, min=0.0, help="Largest (max - min) / median of an entry's repeats."),
     allow_noisy: bool = typer.Option(False, "--allow-noisy", help="Warn, not refuse, when noisy or loaded."),
 ) -> None:
     """Measure tokens/s of every (scale, variant) on the study's hardware (for wallclock budgets)."""

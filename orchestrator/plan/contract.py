@@ -97,7 +97,7 @@ class ResourcesSpec(BaseModel):
     @field_validator("workers", "max_retries", mode="before")
     @classmethod
     def _counts_not_flags_text_or_fractions(cls, v: Any) -> Any:
-        # no coercion (as data_pipeline.config.IntegersStrict, which this leaf cannot import):
+        # no coercion (as data_pipeline.config.NumbersStrict, which this leaf cannot import):
         # true, "2" and 2.0 are typos, not counts
         if isinstance(v, bool | str | float):
             raise ValueError(f"must be an integer, not {v!r}")

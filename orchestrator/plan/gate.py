@@ -33,13 +33,13 @@ from typing import Literal, Protocol
 
 from pydantic import ConfigDict, Field
 
-from data_pipeline.config import IntegersStrict
+from data_pipeline.config import NumbersStrict
 from orchestrator.plan.contract import RunSpec
 
 CURRENCY_WORDS = {"tokens": "equal tokens", "flops": "equal model FLOPs"}
 
 
-class GateSpec(IntegersStrict):
+class GateSpec(NumbersStrict):
     """The ``gate:`` section.
 
     Fields: metric (``paired_delta_loss``: the seed-paired difference of final val loss,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from data_pipeline.config import IntegersStrict
+from data_pipeline.config import NumbersStrict
 from orchestrator.plan.recipe import RECIPES, ScaleRecipe
 from orchestrator.plan.specfile import Loc, loc_str
 
@@ -102,7 +102,7 @@ def tokens_per_param_budget(k: float, n_params: int, tokens_per_step: int, loc: 
     return Budget(steps, steps * tokens_per_step)
 
 
-class ScaleShape(IntegersStrict):
+class ScaleShape(NumbersStrict):
     """An inline scale: a model shape and, optionally, recipe overrides.
 
     Fields: name (MLflow's ``scale`` tag; letters, digits, ``_.-``; not a preset's name),
@@ -193,7 +193,7 @@ def _parse_count(v: Any) -> Any:
     return v
 
 
-class LadderSpec(IntegersStrict):
+class LadderSpec(NumbersStrict):
     """A ladder of scales by target N.
 
     Fields: targets (N, non-embedding parameters, per rung: numbers or "500k" / "2.2M"),

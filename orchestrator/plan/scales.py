@@ -29,14 +29,14 @@ from typing import Any
 from pydantic import ConfigDict, ValidationError
 from pydantic_core import InitErrorDetails
 
-from data_pipeline.config import IntegersStrict
+from data_pipeline.config import NumbersStrict
 from orchestrator.plan import recipe
 from orchestrator.plan.ladder import FieldError, LadderSpec, ScaleShape, generate_ladder, shape_problems
 from orchestrator.plan.scale import ResolvedScale
 from orchestrator.plan.specfile import Loc, error_details, loc_str, value_error_details
 
 
-class LadderScale(IntegersStrict):
+class LadderScale(NumbersStrict):
     """A ``scales:`` entry ``{ladder: {...}}``: the rungs of ``LadderSpec`` become scales named
     by its ``names`` (default ``n<target>``, e.g. ``n590k``)."""
 

@@ -19,7 +19,7 @@ from typing import Any, Literal, NoReturn
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from data_pipeline import CorpusConfig, TokenizerConfig
-from data_pipeline.config import IntegersStrict
+from data_pipeline.config import NumbersStrict
 from model.config import Architecture
 from model.plugins import PluginError, load_entry_points, load_plugin
 from orchestrator.plan import recipe
@@ -82,7 +82,7 @@ def default_workdir(study_name: str) -> Path:
     return (WORKDIR_ROOT / study_name).resolve()
 
 
-class _Strict(IntegersStrict):
+class _Strict(NumbersStrict):
     model_config = ConfigDict(extra="forbid")
 
 

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from data_pipeline.config import IntegersStrict
+from data_pipeline.config import NumbersStrict
 from orchestrator.plan.ladder import FieldError, whole_steps
 from orchestrator.plan.specfile import Loc
 
@@ -46,7 +46,7 @@ KIND = "tune"
 FINISHED, FAILED, DIVERGED = "finished", "failed", "diverged"
 
 
-class TuneSpec(IntegersStrict):
+class TuneSpec(NumbersStrict):
     """The ``tune:`` section.
 
     Fields: lr (the grid of peak learning rates, each > 0; sorted, no repeats); tokens (an

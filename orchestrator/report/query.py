@@ -206,9 +206,11 @@ def _query_sql(study: str, tracking_uri: str, with_metrics: bool, kinds: tuple[s
             eid, t = _read_tables_adbc(path, study, names)
         else:
             eid, t = _read_tables_sqlalchemy(tracking_uri, study, names)
-    except Exception as err:  # driver-specific errors: a missing table means "not an MLflow store"
+    except Exception as err:  # driver-specific errors: a missing table or a file that is no database means "not an MLflow store"
+        if "not a database" in str(err):
+            raise ReportError(f"tracking store {tracking_uri} is not an MLflow database (the file is not SQLite)") from None
         if "no such table" in str(err) or "does not exist" in str(err):
-            raise ReportError(f"tracking store {tracking_uri} is not an MLflow database: {err}") from err
+            raise ReportError(f"tracking store {tracking_uri} is not an MLflow database (it holds no MLflow tables)") from None
         raise
     if eid is None:
         raise ReportError(f"study {study!r}: no MLflow experiment of that name in {tracking_uri}")

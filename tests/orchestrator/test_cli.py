@@ -29,6 +29,14 @@ def test_schema_is_json_schema_of_a_study():
     assert schema["properties"]["extends"]["type"] == "string"  # resolved before validation, still a field of a file
 
 
+def test_an_lr_written_as_yaml_1_1_reads_it_is_taken(tmp_path):
+    """PyYAML reads 3e-3 (no dot) as text: a float field still takes it (control of the float check)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(STUDY + "train: {lr: 3e-3}\n")
+    res = CliRunner().invoke(app, ["plan", str(spec), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)[0]["train"]["lr"] == 0.003, res.output
+
+
 def test_plan_json_fields(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text("name: s\nscales: [cpu-xs]\nvariants: [standard, coupled]\nbudget: {tokens: 40960}\nextend: [2]\n")
@@ -166,7 +174,7 @@ BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or 
     "a GPU count as text": (STUDY + 'resources: {gpus_per_worker: "1"}\n', "resources.gpus_per_worker: must be a number (got '1')"),
     "half a GPU per worker": (STUDY + "resources: {gpus_per_worker: 0.5}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 0.5)"),
     "two GPUs per worker": (STUDY + "resources: {gpus_per_worker: 2}\n", "resources.gpus_per_worker: must be 0 (CPU) or 1 (got 2.0)"),
-    # every integer field of a spec refuses a flag, text or a float by value (IntegersStrict)
+    # every integer field of a spec refuses a flag, text or a float by value (NumbersStrict)
     "workers as a flag": (STUDY + "resources: {workers: true}\n", "resources.workers: must be an integer, not True"),
     "retries as a fraction": (STUDY + "resources: {max_retries: 1.0}\n", "resources.max_retries: must be an integer, not 1.0"),
     "a batch as text": (STUDY + 'train: {global_batch: "8"}\n', "train.global_batch: must be an integer, not '8'"),
@@ -179,6 +187,14 @@ BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or 
     "an inline shape's width as text": (
         STUDY.replace("[cpu-xs]", "[{name: w64, n_layer: 2, d_model: '64', n_head: 2}]"),
         "scales[0].d_model: must be an integer, not '64'",
+    ),
+    # a float field refuses a flag and a non-finite value, and takes YAML 1.1's 3e-3 (text)
+    "an LR as a flag": (STUDY + "train: {lr: true}\n", "train.lr: must be a number, not True"),
+    "an infinite LR": (STUDY + "train: {lr: .inf}\n", "train.lr: must be a finite number, not inf"),
+    "a NaN weight decay": (STUDY + "train: {weight_decay: .nan}\n", "train.weight_decay: must be a finite number, not nan"),
+    "a variant's infinite LR": (
+        STUDY.replace("[standard, coupled]", "[standard, {name: c, kind: coupled, lr: .inf}]"),
+        "variants[1].lr: must be a finite number, not inf",
     ),
     "a model no device holds": (
         STUDY.replace("[cpu-xs]", "[{name: huge, n_layer: 2000, d_model: 65536, n_head: 512}]") + "train: {global_batch: 8, seq_len: 64}\n",

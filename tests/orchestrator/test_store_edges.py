@@ -4,6 +4,7 @@ traceback, and nothing is left half-done in the store."""
 import sqlite3
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
@@ -74,3 +75,19 @@ def test_a_study_argument_that_no_study_can_be_named_is_an_input_error(tmp_path,
         res = CliRunner().invoke(app, [command[0], "../etc/passwd", *command[1:]])
         assert res.exit_code == 2 and "STUDY '../etc/passwd' is neither a spec file nor a study name" in res.output.replace("\n", "")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("content", "says"), [(b"\x8f" * 5000, "the file is not SQLite"), (b"", "it holds no MLflow tables")])
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_report_and_export_of_a_file_that_is_no_mlflow_store_is_one_line_and_exit_2(tmp_path, command, content, says):
+    db = tmp_path / "junk.db"
+    db.write_bytes(content)
+    extra = ["--out", str(tmp_path / "x.parquet")] if command == "export" else ["--out", str(tmp_path / "r")]
+    res = CliRunner().invoke(app, [command, "foo", "--tracking-uri", f"sqlite:///{db}", *extra])
+    assert res.exit_code == 2 and (res.exception is None or isinstance(res.exception, SystemExit)), res.output
+    assert f"is not an MLflow database ({says})" in res.output and "SELECT" not in res.output and "Traceback" not in res.output
+
+
+def test_calibrate_refuses_no_repeats_before_ray_starts():
+    res = CliRunner().invoke(app, ["calibrate", "x.yaml", "--repeats", "0"])
+    assert res.exit_code == 2 and "--repeats" in res.output

@@ -35,7 +35,7 @@ def test_valid_grid_is_sorted_and_tokens_keep_their_meaning():
     [
         ({"lr": [1e-3, -1e-3]}, ("lr",), "entry 1 (-0.001) is not a positive learning rate"),
         ({"lr": [0.0]}, ("lr",), "entry 0 (0.0) is not a positive"),
-        ({"lr": [float("inf")]}, ("lr",), "is not a positive"),
+        ({"lr": [float("inf")]}, ("lr",), "must be a finite number, not inf"),
         ({"lr": []}, ("lr",), "at least 1 item"),
         ({"lr": [1e-3, 1e-3]}, ("lr",), "learning rates repeat"),
         ({"tokens": 1.5}, ("tokens",), "a fraction of the planned budget must be in (0, 1], got 1.5"),
