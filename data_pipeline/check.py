@@ -23,7 +23,7 @@ import re
 
 from data_pipeline.config import CorpusConfig, TokenizerConfig
 from data_pipeline.errors import DataError
-from data_pipeline.sources import DecodeStats, input_files, read_bytes
+from data_pipeline.sources import DecodeStats, input_files, iter_documents, read_bytes
 from data_pipeline.storage import is_uri
 from data_pipeline.tokenizer import eligible_lines
 
@@ -98,9 +98,9 @@ def _only_paths(corpus: CorpusConfig, paths: list[str]) -> CorpusConfig:
 def _split_problems(corpus: CorpusConfig, tokenizer: TokenizerConfig, field: str, vocabulary: bool) -> list[tuple[str, str]]:
     fixed = FIXED_PIECES + (BYTE_PIECES if tokenizer.byte_fallback else 0)
     try:
-        if corpus.source != "text":
-            input_files(corpus)  # existence: DataError when a path matches nothing
-            return []
+        if corpus.source != "text":  # jsonl, parquet: each file's first document (parses, has the column)
+            empty = [f.id for f, _ in input_files(corpus) if next(iter_documents(_only_paths(corpus, [f.path])), None) is None]
+            return [(field, f"{corpus.label()}: no document in {', '.join(empty[:SHOWN])}")] if empty else []
         t = _tally(corpus, tokenizer, tokenizer.vocab_size - fixed)
     except DataError as e:
         return [(field, str(e))]

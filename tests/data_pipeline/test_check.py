@@ -122,3 +122,24 @@ def test_validate_lists_every_corpus_problem_not_the_first(tmp_path, monkeypatch
     flat = " ".join(res.output.split())
     assert res.exit_code == 2 and "corpora.c.paths[0]: no file or folder matches 'gone'" in flat, res.output
     assert "corpora.b.paths: source 'text' (bin):" in flat and "binary or undecodable" in flat, res.output
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"\x8f\x00garbage" * 200, "line 1 is not valid JSON"),
+        (b'{"txt": "hello"}\n', "line 1 has no column 'text' (found ['txt'])"),
+        (b"", "no documents"),
+    ],
+)
+def test_a_jsonl_corpus_is_read_to_its_first_document_of_each_file(tmp_path, content, says):
+    """Row sources are checked as prepare reads them: each file's first document parses and has
+    the text column (a file of random bytes passed the gate before); a good file is the control."""
+    (tmp_path / "good.jsonl").write_text('{"text": "a document"}\n')
+    (tmp_path / "bad.jsonl").write_bytes(content)
+    tok = TokenizerConfig(vocab_size=300)
+    good = CorpusConfig(source="jsonl", paths=[str(tmp_path / "good.jsonl")])
+    assert corpus_problems(good, tok) == []
+    both = good.model_copy(update={"paths": [str(tmp_path / "good.jsonl"), str(tmp_path / "bad.jsonl")]})
+    ((field, message),) = corpus_problems(both, tok)
+    assert field == "corpus.paths" and says in message
