@@ -191,7 +191,7 @@ def plan_cmd(
     # shown before anything is written: a plan that cannot be shown writes no run file
     shown = plan_rows(s, runs, table, sizes) if as_json else [*plan_table(s, runs, table, sizes), recipe_table(runs, s.tune is not None)]
     if write_runs:
-        write_run_files(write_runs, runs)
+        err.print(f"wrote {len(runs)} run file(s) to {write_run_files(write_runs, runs)}", highlight=False)
     if as_json:
         print(json.dumps(shown, indent=2))
         if power:  # stdout stays one JSON document
@@ -563,6 +563,8 @@ def model_check_cmd(
     analytic counts against the built model, executed FLOPs against FlopCounterMode; on the
     GPT-2 layout or the one `--arch` sets (a spec's `architecture`: RoPE, RMSNorm, ...).
     Exits 1 if a check fails, 2 on an unknown preset, variant, option or layout field."""
+    from pydantic import ValidationError
+
     from model.check import check_variant
     from model.config import Architecture
     from model.plugins import load_entry_points, load_plugin
@@ -571,7 +573,10 @@ def model_check_cmd(
         load_entry_points()
         for module in plugin:
             load_plugin(module, Path.cwd(), check=False)  # the table below is the check
-        layout = Architecture(**_option_pairs(arch, "--arch"))
+        try:
+            layout = Architecture(**_option_pairs(arch, "--arch"))
+        except ValidationError as e:  # one line per field, named by the option that set it
+            raise ValueError("; ".join(f"--arch {'.'.join(map(str, d['loc']))}: {d['msg']}" for d in e.errors())) from None
         results = check_variant(variant, preset, seq_len=seq_len, seed=seed, architecture=layout, **_option_pairs(option))
     except ValueError as e:
         print_error(str(e))

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from orchestrator.plan.contract import RunSpec
 
 
-def write_run_files(folder: Path, runs: list[RunSpec]) -> None:
-    """Each run as ``folder/<run_id>.yaml`` (temp file, then rename).
+def write_run_files(folder: Path, runs: list[RunSpec]) -> Path:
+    """Each run as ``folder/<run_id>.yaml`` (temp file, then rename); returns the folder, absolute.
 
     Raises:
         SpecError: ``folder`` exists and is not a folder (nothing is written).
@@ -32,6 +32,7 @@ def write_run_files(folder: Path, runs: list[RunSpec]) -> None:
         tmp = folder / f".{r.run_id}.yaml.tmp"
         tmp.write_text(yaml.safe_dump(r.model_dump(mode="json"), sort_keys=False))
         tmp.rename(folder / f"{r.run_id}.yaml")
+    return folder.resolve()
 
 
 def load_run_file(run_file: Path) -> RunSpec:

@@ -19,6 +19,12 @@ from orchestrator.plan.epochs import CorpusSize, epochs
 from orchestrator.plan.throughput import ThroughputTable, declared_mfu, device_hours, device_hours_at_mfu
 
 
+def amount(x: float) -> str:
+    """A non-negative quantity as a reader takes it in: two decimals from 1 up, two significant
+    digits below (0.000014, not 0.00, for a small study's device-hours)."""
+    return f"{x:,.2f}" if x >= 1 or x == 0 else f"{x:.2g}"
+
+
 def plan_hours(study: Any, runs: list[Any], throughput: ThroughputTable) -> tuple[dict[str, float | None], str | None]:
     """Device-hours per run_id and where they came from: a declared MFU
     (``throughput.device_hours_at_mfu``), else the tokens/s table (declared or calibrated);
@@ -69,12 +75,12 @@ def plan_table(study: Any, runs: list[Any], throughput: ThroughputTable, sizes: 
             f"{r.steps:,}",
             f"{r.total_flops:.3e}",
             f"{approx}{e:.3g}" if e is not None else "?",
-            f"{memory.estimate(r).total / memory.GIB:.2f}",
-            f"{h:.2f}" if h is not None else "-",
+            amount(memory.estimate(r).total / memory.GIB),
+            amount(h) if h is not None else "-",
         )
     known = [h for h in hours.values() if h is not None]
     est = (
-        f", {sum(known):,.1f} device-hours (throughput from {source})"
+        f", {amount(sum(known))} device-hours (throughput from {source})"
         if len(known) == len(runs)
         else " (device-hours: run `qkstudy calibrate SPEC` or declare budget.throughput)"
     )

@@ -115,8 +115,8 @@ def memory_problems(runs: list[RunSpec], limit_gb: float | None, shown: int = 5)
             why = f"resources.device_memory_gb {limit_gb:g}" if limit_gb is not None else f"any {kind} holds ({bound:,.0f} GiB)"
             over.append((r, e, why))
     lines = [
-        f"run {r.run_name} ({r.run_id}) needs ~{e.total / GIB:,.1f} GiB per device (states {e.states / GIB:,.1f}, "
-        f"activations {e.activations / GIB:,.1f} under ZeRO stage {r.resources.zero_stage} over {r.resources.workers} "
+        f"run {r.run_name} ({r.run_id}) needs ~{e.total / GIB:,.3g} GiB per device (states {e.states / GIB:,.3g}, "
+        f"activations {e.activations / GIB:,.3g} under ZeRO stage {r.resources.zero_stage} over {r.resources.workers} "
         f"worker(s)) > {why}"
         for r, e, why in over[:shown]
     ]

@@ -111,8 +111,8 @@ def test_plan_table_estimates_device_hours_from_declared_throughput(tmp_path):
     )
     res = CliRunner().invoke(app, ["plan", str(spec)])
     assert res.exit_code == 0, res.output
-    assert f"{40960 / 4096 * 2 / 3600:,.1f} device-hours (throughput from the spec)" in res.output
-    assert f"{40960 / 4096 * 2 / 3600:.2f}" in res.output  # the run's own column
+    assert "0.0056 device-hours (throughput from the spec)" in res.output  # 20/3600, not rounded to 0.0
+    assert res.output.count("0.0056") == 2  # and in the run's own column
 
 
 CLUSTER_SPEC = (
@@ -387,3 +387,18 @@ def test_every_option_has_help_and_help_prints_no_markup_or_type_tags():
     assert missing == []
     wrapped = CliRunner().invoke(app, ["submit", "--help"], env={"COLUMNS": "80"}).output
     assert "follow its logs until it ends" in " ".join(wrapped.split())  # one sentence, not cut at "until it"
+
+
+def test_small_device_hours_and_memory_are_shown_not_rounded_to_zero():
+    from orchestrator.cli_tables import amount
+
+    assert (amount(1.39e-8), amount(0.031), amount(0), amount(1234.5)) == ("1.4e-08", "0.031", "0.00", "1,234.50")
+
+
+def test_arch_errors_are_one_line_naming_the_option_and_write_runs_says_where(tmp_path):
+    res = CliRunner().invoke(app, ["model", "check", "standard", "--arch", "positions=bogus"])
+    assert res.exit_code == 2 and res.output.strip().splitlines() == ["error: --arch positions: Input should be 'learned' or 'rope'"]
+    spec = tmp_path / "s.yaml"
+    spec.write_text(STUDY)
+    res = CliRunner().invoke(app, ["plan", str(spec), "--write-runs", str(tmp_path / "runs")])
+    assert res.exit_code == 0 and f"wrote 2 run file(s) to {tmp_path / 'runs'}" in " ".join(res.output.split())
