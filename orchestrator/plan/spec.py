@@ -468,6 +468,11 @@ class Study(_Strict):
             missing = [s for s in self.scales if s not in self.budget.tokens]
             if missing:
                 raise ValueError(f"budget.tokens has no entry for scales {missing}")
+            unknown = [s for s in self.budget.tokens if s not in self.scales]
+            if unknown:  # a typo's budget would be dropped in silence
+                raise ValueError(f"budget.tokens names scales the study does not have: {unknown} (scales: {self.scales})")
+        if isinstance(self.budget.throughput, dict) and (unknown := [n for n in self.budget.throughput if n not in names]):
+            raise ValueError(f"budget.throughput names variants the study does not have: {unknown} (variants: {names})")
         if self.budget.mode == "wallclock" and isinstance(self.budget.throughput, DeclaredMFU):
             raise ValueError(
                 "budget.throughput: a declared MFU gives every variant the same FLOP/s, so equal wall-clock would be "

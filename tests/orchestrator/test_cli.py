@@ -196,6 +196,14 @@ BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or 
         STUDY.replace("[standard, coupled]", "[standard, {name: c, kind: coupled, lr: .inf}]"),
         "variants[1].lr: must be a finite number, not inf",
     ),
+    "a budget for a scale the study lacks": (
+        STUDY.replace("budget: {tokens: 40960}", "budget: {tokens: {cpu-xs: 40960, cpu-sss: 99}}"),
+        "budget.tokens names scales the study does not have: ['cpu-sss']",
+    ),
+    "a throughput for a variant the study lacks": (
+        STUDY.replace("budget: {tokens: 40960}", "budget: {tokens: 40960, throughput: {standard: 1000, coupled: 900, bogus: 5}}"),
+        "budget.throughput names variants the study does not have: ['bogus']",
+    ),
     "a model no device holds": (
         STUDY.replace("[cpu-xs]", "[{name: huge, n_layer: 2000, d_model: 65536, n_head: 512}]") + "train: {global_batch: 8, seq_len: 64}\n",
         "resources.device_memory_gb: run standard-huge-s0-x1 (",
