@@ -1,7 +1,8 @@
-"""README.md names only what the CLI has: every `qkstudy <command> ... --option` it shows (the
-Commands table, "On a cluster") is a command and an option of `qkstudy` (a documented option the CLI lacks
-misleads every reader), and its layout table has every top-level
-folder the repository ships."""
+"""README.md and the command reference it links (docs/commands.md) name only what the CLI has:
+every `qkstudy <command> ... --option` they show ("Your first study", the reference, "On a
+cluster") is a command and an option of `qkstudy` (a documented option the CLI lacks misleads
+every reader), every command is in the reference, and README's layout table has every
+top-level folder the repository ships."""
 
 import re
 from typing import Any
@@ -11,7 +12,7 @@ import typer
 from orchestrator.cli import app
 from tests.helpers import REPO
 
-README = (REPO / "README.md").read_text()
+README = (REPO / "README.md").read_text() + "\n" + (REPO / "docs" / "commands.md").read_text()
 
 
 def _commands() -> dict[str, set[str]]:
@@ -49,5 +50,12 @@ def test_every_documented_command_and_option_exists():
 def test_layout_table_has_every_top_level_folder():
     layout = README.split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| `([^`]+)/` \|", layout, re.M))
-    for folder in ("model", "data_pipeline", "jobs", "docker", "tests"):
+    for folder in ("model", "data_pipeline", "jobs", "docker", "tests", "docs"):
         assert folder in rows, folder
+
+
+def test_the_command_reference_lists_every_command():
+    table = (REPO / "docs" / "commands.md").read_text()
+    listed = set(re.findall(r"`qkstudy ([a-z]+(?: [a-z]+)?)", table))
+    missing = [c for c in _commands() if c not in listed and c.split()[0] not in listed]
+    assert missing == [], missing
