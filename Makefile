@@ -87,6 +87,7 @@ bench: install
 	$(BIN)/python -m benchmarks.whole_run
 	$(BIN)/python -m benchmarks.demo
 	$(BIN)/python -m benchmarks.diag_spectrum
+	$(BIN)/python -m benchmarks.head_memory
 
 clean:
 	rm -rf runs .pytest_cache

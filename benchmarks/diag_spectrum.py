@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -60,9 +61,9 @@ def rows(sizes: list[int], device: str) -> list[str]:
         sink = torch.zeros(2, 4, t, t, dtype=torch.float64)
         sink[..., 0] = 1.0
         for kind, a in (("causal softmax", soft.to(device)), ("rank-one sink", sink.to(device))):
-            t_svd, s = _timed(lambda a=a: torch.linalg.svdvals(a), device)
-            t_g64, s64 = _timed(lambda a=a: _gram(a), device)
-            t_g32, s32 = _timed(lambda a=a: _gram(a.float()), device)
+            t_svd, s = _timed(partial(torch.linalg.svdvals, a), device)
+            t_g64, s64 = _timed(partial(_gram, a), device)
+            t_g32, s32 = _timed(partial(_gram, a.float()), device)
             rank, gap = _rank_and_gap(s)
             errs = []
             for other in (s64, s32):

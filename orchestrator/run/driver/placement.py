@@ -6,6 +6,12 @@ greedily over node resources, twice: to report a run that can never fit (rather 
 forever) and to size how many packs it hands Ray at once. Ray itself still decides where each
 worker goes, and an autoscaler adds the nodes a pending placement group asks for.
 
+A worker group also costs the driver's node (the head, on a cluster) about 1 GiB besides its
+workers: the pack's task and Ray Train's controller and helper actors live there
+(``GROUP_DRIVER_NODE_BYTES``). So the packs in flight are also bounded by how many groups that
+node's memory holds (``packs_at_once``): on a head of 32 GiB, 64 GPU slots are trained by fewer,
+longer packs instead of 64 groups the head cannot hold.
+
 "Can never fit" is judged against what the cluster can become, not the nodes alive at start:
 the autoscaler's node types at their max workers (``ClusterGrowth``), read from the cluster
 config the autoscaler reports to the GCS (autoscaler v2; Ray Train checks the same one), else
@@ -186,6 +192,29 @@ def _copies(run: RunSpec, nodes: list[dict[str, float]], most: int) -> int:
     while n < most and _place(run_demands(run), run.resources.workers, free):
         n += 1
     return n
+
+
+# Unique memory (USS) one worker group's control processes take on the driver's node: the pack's
+# task (243 MiB), TrainController (238), PlacementGroupCleaner (113), DatasetManager (110),
+# SynchronizationActor (107) and PreemptionWatcher (107), with Ray 2.60 (BENCHMARKS.md,
+# `python -m benchmarks.head_memory`): 917 MiB per further group, rounded up.
+GROUP_DRIVER_NODE_BYTES = 2**30
+
+
+def packs_at_once(slots: int, driver_node_memory: float | None) -> int:
+    """Packs to keep in flight: the cluster's ``slots``, at most as many worker groups as the
+    driver's node holds (its Ray ``memory`` resource in bytes over ``GROUP_DRIVER_NODE_BYTES``;
+    None: not known, no bound), and at least 1."""
+    if driver_node_memory is None:
+        return max(1, slots)
+    return max(1, min(slots, int(driver_node_memory // GROUP_DRIVER_NODE_BYTES)))
+
+
+def driver_node_memory() -> float | None:
+    """The Ray ``memory`` resource (bytes tasks and actors may use) of the node this driver runs
+    on, where every pack's task and Ray Train controller live; None when Ray does not say."""
+    me = ray.get_runtime_context().get_node_id()
+    return next((n["Resources"].get("memory") for n in ray.nodes() if n.get("NodeID") == me and n.get("Alive")), None)
 
 
 def capacity(run: RunSpec, nodes: list[dict[str, float]], growth: ClusterGrowth | None = None, most: int = 4096) -> int:

@@ -43,6 +43,8 @@ from orchestrator.run.driver.placement import (
     capacity,
     cluster_growth,
     declared_growth,
+    driver_node_memory,
+    packs_at_once,
     run_demands,
     unschedulable_reason,
 )
@@ -394,11 +396,13 @@ def _launch_and_watch(
     shapes = list({(r.resources.workers, tuple(sorted(run_demands(r).items()))): r for r, _ in todo}.values())
     grown = max(capacity(r, [], growth, most=len(todo)) for r in shapes) if growth else 1
 
+    head_memory = driver_node_memory()  # each pack's task and Ray Train controller live on the driver's node
+
     def limit() -> int:
         if max_in_flight:
             return max_in_flight
         nodes = alive_nodes()
-        return max(grown, *(capacity(r, nodes, most=len(todo)) for r in shapes))
+        return packs_at_once(max(grown, *(capacity(r, nodes, most=len(todo)) for r in shapes)), head_memory)
 
     mlflow_ids = {r.run_id: m for r, m in todo}
     packs = _packs(plan_order, todo, recorded, limit(), uri, console)

@@ -13,7 +13,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from orchestrator.plan.planner import plan
 from orchestrator.plan.spec import parse_spec
 from orchestrator.run.driver.packing import launch_order
-from orchestrator.run.driver.placement import capacity, unschedulable_reason
+from orchestrator.run.driver.placement import GROUP_DRIVER_NODE_BYTES, capacity, driver_node_memory, packs_at_once, unschedulable_reason
 from orchestrator.run.driver.runner import dispatch
 
 pytestmark = pytest.mark.slow
@@ -147,3 +147,14 @@ def test_unschedulable_across_nodes():
     assert unschedulable_reason(run, nodes) is None
     (run, *_) = plan(_study(workers=8, cpus=3))  # only 2 fit each node's 8 CPUs
     assert "needs 8 workers" in unschedulable_reason(run, nodes)
+
+
+def test_packs_in_flight_are_bounded_by_the_groups_the_driver_node_holds(logical_cluster):
+    """Each worker group's control processes (about 1 GiB, BENCHMARKS.md) live on the driver's
+    node: 64 slots with a 32 GiB head train as 32 packs at once; no bound when Ray does not say
+    the memory, and never fewer than one pack."""
+    gib = GROUP_DRIVER_NODE_BYTES
+    assert (packs_at_once(64, 32 * gib), packs_at_once(3, 32 * gib), packs_at_once(64, None), packs_at_once(64, gib / 2)) == (32, 3, 64, 1)
+    memory = driver_node_memory()  # the real local Ray's own figure for this node
+    assert memory is not None and memory > 0
+    assert packs_at_once(10_000, memory) == int(memory // gib)
