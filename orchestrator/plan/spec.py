@@ -152,6 +152,9 @@ class DeclaredMFU(_Strict):
         return self.peak_tflops * 1e12 if self.peak_tflops is not None else peak_flops_of(self.device or "") or 0.0
 
 
+MAX_TOKENS = 10**15  # a run's token budget: a thousand times the largest public pretraining runs
+
+
 class BudgetSpec(_Strict):
     """How long each run trains.
 
@@ -170,9 +173,9 @@ class BudgetSpec(_Strict):
 
     mode: Literal["tokens", "flops", "wallclock"] = "flops"
     tokens: int | dict[str, int] | None = None
-    tokens_per_param: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    tokens_per_param: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
     throughput: DeclaredMFU | dict[str, float] | None = None
-    max_epochs: float = Field(default=4.0, gt=0, allow_inf_nan=False)
+    max_epochs: float = Field(default=4.0, gt=0, le=1e6, allow_inf_nan=False)
 
     @field_validator("throughput", mode="before")
     @classmethod
@@ -186,6 +189,8 @@ class BudgetSpec(_Strict):
         for scale, n in v.items() if isinstance(v, dict) else [(None, v)]:
             if n is not None and n <= 0:
                 raise ValueError(f"budget tokens{'' if scale is None else f' of {scale}'} must be positive, got {n}")
+            if n is not None and n > MAX_TOKENS:  # past it, FLOP counts leave float range: a typo, not a study
+                raise ValueError(f"budget tokens{'' if scale is None else f' of {scale}'} must be at most {MAX_TOKENS:.0e}, got {n}")
         return v
 
     @model_validator(mode="after")

@@ -204,6 +204,14 @@ BAD_INPUT = {  # the spec's text after STUDY's first four lines are replaced or 
         STUDY.replace("budget: {tokens: 40960}", "budget: {tokens: 40960, throughput: {standard: 1000, coupled: 900, bogus: 5}}"),
         "budget.throughput names variants the study does not have: ['bogus']",
     ),
+    "a budget past float range": (
+        STUDY.replace("budget: {tokens: 40960}", "budget: {tokens: 1000000000000000000000000000000}"),
+        "budget.tokens: budget tokens must be at most 1e+15, got 1000000000000000000000000000000",
+    ),
+    "tokens per parameter past float range": (
+        STUDY.replace("budget: {tokens: 40960}", "budget: {tokens_per_param: 1.0e+300}"),
+        "budget.tokens_per_param: Input should be less than or equal to 1000000",
+    ),
     "a model no device holds": (
         STUDY.replace("[cpu-xs]", "[{name: huge, n_layer: 2000, d_model: 65536, n_head: 512}]") + "train: {global_batch: 8, seq_len: 64}\n",
         "resources.device_memory_gb: run standard-huge-s0-x1 (",
@@ -296,7 +304,8 @@ def test_the_systems_errors_end_in_one_line_and_an_exit_code_not_a_traceback(tmp
     (tmp_path / "empty.db").write_text("")
     big = tmp_path / "big.yaml"
     big.write_text(STUDY.replace("budget: {tokens: 40960}", "budget: {tokens_per_param: 1e300}"))
-    cases["a number out of range"] = (["plan", str(big)], 2, "error: a number is out of range (int too large to convert to float)")
+    # refused by its field now (budget bounds), where it once overflowed in the planner
+    cases["a number out of range"] = (["plan", str(big)], 2, "budget.tokens_per_param: Input should be less than or equal to 1000000")
     for name, (argv, code, line) in cases.items():
         res = CliRunner().invoke(app, argv)
         assert res.exit_code == code and "Traceback" not in res.output, (name, res.output[-2000:])
@@ -312,6 +321,10 @@ def test_the_systems_errors_end_in_one_line_and_an_exit_code_not_a_traceback(tmp
         2,
     )
 
+    assert system_error(OverflowError("int too large to convert to float")) == (
+        "a number is out of range (int too large to convert to float): check the spec's and the options' sizes",
+        2,
+    )
     assert system_error(KeyError("x")) is None and system_error(RuntimeError("x")) is None
 
 
@@ -352,7 +365,7 @@ def test_numbers_and_files_the_commands_cannot_take_end_in_one_line(tmp_path):
         (["plan", str(spec), "--seed-sd", "1e308", "--gap", "1"], "error: --seed-sd 1e+308: the power calculation has no answer for it"),
         (["model", "info", "--preset", "cpu-xs", "--seq-len", "99999999999"], "--seq-len"),
         (["train", str(tmp_path / "r.txt")], "error: a file given is not UTF-8 text"),
-        (["plan", str(big), "--write-runs", str(tmp_path / "runs")], "error: a number is out of range"),
+        (["plan", str(big), "--write-runs", str(tmp_path / "runs")], "budget.tokens_per_param: Input should be less than or equal to"),
     ):
         res = CliRunner().invoke(app, argv)
         assert res.exit_code == 2 and line in " ".join(res.output.split()) and "Traceback" not in res.output, (argv, res.output[-1500:])
