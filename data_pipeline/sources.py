@@ -112,6 +112,8 @@ def _list_files(patterns: list[str], corpus: CorpusConfig) -> list[_File]:
                 found = [(q, os.path.relpath(q, base or ".")) for q in glob.glob(p, recursive=True) if os.path.isfile(q)]
             elif os.path.isfile(p):
                 found = [(p, os.path.basename(p))]
+            elif os.path.exists(p):  # /dev/null, a FIFO, a socket: there, but no file to read text from
+                raise DataError(f"{corpus.label()}: {pattern} is neither a file nor a folder")
             else:
                 raise DataError(f"{corpus.label()}: {pattern} does not exist")
             found = [(os.path.abspath(a), r) for a, r in found]

@@ -32,6 +32,8 @@ def test_no_matching_files(tmp_path):
     _prepare_fails(
         CorpusConfig(source="jsonl", paths=[str(tmp_path / "missing.jsonl")]), tmp_path, r"source 'jsonl'.*missing.jsonl does not exist"
     )
+    # there, but no file or folder to read (was called missing)
+    _prepare_fails(CorpusConfig(source="text", paths=["/dev/null"]), tmp_path, r"/dev/null is neither a file nor a folder")
 
 
 def test_missing_column_parquet(tmp_path):
