@@ -105,13 +105,13 @@ def _list_files(patterns: list[str], corpus: CorpusConfig) -> list[_File]:
             p = corpus.local_path(pattern)
             if os.path.isdir(p):
                 found = [(str(q), str(q.relative_to(p))) for q in Path(p).rglob("*") if q.is_file()]
+            elif os.path.isfile(p):  # before the glob: a file named "[draft].txt" is that file
+                found = [(p, os.path.basename(p))]
             elif glob.has_magic(p):
                 magic = re.search(r"[*?\[]", p)
                 base = p[: magic.start()] if magic else p
                 base = base if base.endswith(os.sep) else os.path.dirname(base)
                 found = [(q, os.path.relpath(q, base or ".")) for q in glob.glob(p, recursive=True) if os.path.isfile(q)]
-            elif os.path.isfile(p):
-                found = [(p, os.path.basename(p))]
             elif os.path.exists(p):  # /dev/null, a FIFO, a socket: there, but no file to read text from
                 raise DataError(f"{corpus.label()}: {pattern} is neither a file nor a folder")
             else:

@@ -10,6 +10,7 @@ URIs such as ``s3://`` are checked when the corpus is prepared.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from data_pipeline import CorpusConfig
@@ -54,7 +55,8 @@ def _check_corpus_paths(study: Study) -> list[tuple[str, str]]:
             for i, p in enumerate(getattr(corpus, field)):
                 if "://" in p:
                     continue
-                if not glob.glob(corpus.local_path(p), recursive=True):
+                local = corpus.local_path(p)
+                if not os.path.exists(local) and not glob.glob(local, recursive=True):  # "[draft].txt" names itself
                     base = f" (relative to {corpus.root or Path.cwd()})" if not Path(p).expanduser().is_absolute() else ""
                     problems.append((f"{where}.{field}[{i}]", f"no file or folder matches {p!r}{base}"))
         for j, c in enumerate(corpus.components):

@@ -72,3 +72,19 @@ def test_prepare_reads_a_relative_path_against_the_root_it_is_given(project, tmp
     assert prepared.content_hash == run.data_hash
     mixture = CorpusConfig.model_validate({"source": "mixture", "components": [{"weight": 1.0, "corpus": run.corpus}]})
     assert mixture.with_root(run.corpus_root).components[0].corpus.root == str(project.parent)
+
+
+def test_a_file_or_folder_named_with_glob_characters_names_itself(project, monkeypatch):
+    """`validate` and `plan` read "[draft].txt" and "[old]/" as the file and the folder they name
+    (they refused the one and hashed the other, or the reverse, by globbing them)."""
+    data = project.parent / "data"
+    (data / "[draft].txt").write_text(TEXT)
+    (project.parent / "[old]").mkdir()
+    (project.parent / "[old]" / "c.txt").write_text(TEXT.replace("function", "c_function"))
+    monkeypatch.chdir("/")
+    for path in ("data/[draft].txt", "[old]"):
+        spec = yaml.safe_load(project.read_text())
+        project.write_text(yaml.safe_dump({**spec, "corpus": {**spec["corpus"], "paths": [path]}}))
+        study = load_spec(project)
+        assert data_problems(study) == [], path
+        assert plan_study(study, strict=False)[0].data_hash is not None, path
