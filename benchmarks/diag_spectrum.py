@@ -24,13 +24,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.record import append_markdown, machine_description
+from model.diagnostics import rank_and_gap
 
 OUT = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
-
-
-def _rank_and_gap(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    ps = s / s.sum(-1, keepdim=True)
-    return torch.exp(-(ps * torch.log(ps.clamp_min(1e-300))).sum(-1)), 1 - s[..., 1] / s[..., 0]
 
 
 def _gram(a: torch.Tensor) -> torch.Tensor:
@@ -64,10 +60,10 @@ def rows(sizes: list[int], device: str) -> list[str]:
             t_svd, s = _timed(partial(torch.linalg.svdvals, a), device)
             t_g64, s64 = _timed(partial(_gram, a), device)
             t_g32, s32 = _timed(partial(_gram, a.float()), device)
-            rank, gap = _rank_and_gap(s)
+            rank, gap = rank_and_gap(s)
             errs = []
             for other in (s64, s32):
-                r, gg = _rank_and_gap(other)
+                r, gg = rank_and_gap(other)
                 errs += [float((r - rank).abs().max()), float((gg - gap).abs().max())]
             out.append(
                 f"| {t} | {kind} | {t_svd * 1e3:.1f} | {t_g64 * 1e3:.1f} ({t_svd / t_g64:.2f}x) | {t_g32 * 1e3:.1f} | "

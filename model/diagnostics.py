@@ -67,10 +67,17 @@ def _window_stats(a: torch.Tensor) -> torch.Tensor:
     p = p / p.sum(-1, keepdim=True)
     entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1).mean(-1)  # [B, H]
     s = singular_values(a)  # [B, H, T], descending
+    eff_rank, gap = rank_and_gap(s)
+    return torch.stack([entropy, eff_rank, gap]).mean(-1)
+
+
+def rank_and_gap(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(effective rank, spectral gap), each [...], of singular values s [..., T] (descending):
+    exp of the entropy of s / sum(s) (Roy & Vetterli 2007) and 1 - s_2 / s_1 (0 when T = 1)."""
     ps = s / s.sum(-1, keepdim=True)
     eff_rank = torch.exp(-(ps * torch.log(ps.clamp_min(1e-300))).sum(-1))
     gap = 1 - s[..., 1] / s[..., 0] if s.shape[-1] > 1 else torch.zeros_like(eff_rank)
-    return torch.stack([entropy, eff_rank, gap]).mean(-1)
+    return eff_rank, gap
 
 
 def _map_stats(a: torch.Tensor) -> tuple[float, float, float]:

@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from model import VARIANTS
-from model.diagnostics import PROBE_WINDOWS, _map_stats, attention_diagnostics, lambda_parameters, layer_lambdas, singular_values
+from model.diagnostics import (
+    PROBE_WINDOWS,
+    _map_stats,
+    attention_diagnostics,
+    lambda_parameters,
+    layer_lambdas,
+    rank_and_gap,
+    singular_values,
+)
 
 
 def test_map_stats_on_known_matrices():
@@ -19,12 +27,6 @@ def test_map_stats_on_known_matrices():
     uniform = (uniform / uniform.sum(-1, keepdim=True)).view(1, 1, T, T)
     ent, _, _ = _map_stats(uniform)
     assert ent == pytest.approx(sum(math.log(i + 1) for i in range(T)) / T)
-
-
-def _rank_and_gap(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(effective rank, spectral gap) of singular values s [..., T] (the module's formulas)."""
-    ps = s / s.sum(-1, keepdim=True)
-    return torch.exp(-(ps * torch.log(ps.clamp_min(1e-300))).sum(-1)), 1 - s[..., 1] / s[..., 0]
 
 
 def test_the_gram_spectrum_agrees_with_the_svd_and_a_float32_one_would_not():
@@ -44,12 +46,12 @@ def test_the_gram_spectrum_agrees_with_the_svd_and_a_float32_one_would_not():
     maps = [softmax(3.0), softmax(0.3), sink, softmax(2.0) - 0.8 * softmax(2.0), torch.eye(T, dtype=torch.float64).view(1, 1, T, T)]
     float32_miss = 0.0
     for a in maps:
-        rank, gap = _rank_and_gap(torch.linalg.svdvals(a))
-        fast_rank, fast_gap = _rank_and_gap(singular_values(a))
+        rank, gap = rank_and_gap(torch.linalg.svdvals(a))
+        fast_rank, fast_gap = rank_and_gap(singular_values(a))
         assert float((fast_rank - rank).abs().max()) < 1e-3 and float((fast_gap - gap).abs().max()) < 1e-3
         a32 = a.float()
         s32 = torch.linalg.eigvalsh(a32 @ a32.transpose(-1, -2)).flip(-1).clamp_min(0).sqrt().double()
-        float32_miss = max(float32_miss, float((_rank_and_gap(s32)[0] - rank).abs().max()))
+        float32_miss = max(float32_miss, float((rank_and_gap(s32)[0] - rank).abs().max()))
     assert float32_miss > 1e-2
 
 
